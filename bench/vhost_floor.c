@@ -7,10 +7,17 @@
 // one busy-polling thread (pin it with taskset): each round reads avail->idx; each new chain
 // (split ring, virtio 1.x) is walked through the one memory region, its header read, its
 // status byte written (0 for reads and writes, nothing copied; UNSUPP otherwise) and its used
-// element written; after the batch a release store of used->idx, and a call-eventfd write when
-// the driver did not set VRING_AVAIL_F_NO_INTERRUPT. The back end never wants kicks
-// (VRING_USED_F_NO_NOTIFY) and never reads the kick eventfd. The control socket is looked at
-// only when the ring is idle.
+// element written; after the batch a release store of used->idx, a fence, and a call-eventfd
+// write when the driver did not set VRING_AVAIL_F_NO_INTERRUPT (virtio 1.2 §2.7.10, the
+// textbook order). Two variants, to measure what flashpath does differently:
+//   --lazy-calls: the driver's flags are read without the fence first, and a driver that set
+//     NO_INTERRUPT is looked at again each round (a load) until it clears the flag, when the
+//     fence, a second look and the call follow: a polling driver costs no fence.
+//   --predict: when new requests show, the last request's head descriptor and header are
+//     prefetched, a guess that holds for a driver at low depth: their misses then overlap the
+//     available ring's instead of following it.
+// The back end never wants kicks (VRING_USED_F_NO_NOTIFY) and never reads the kick eventfd.
+// The control socket is looked at only when the ring is idle.
 //
 // Busy accounting as a reactor counts it: a TSC read at each round's start; a round that
 // completed a request adds its ticks to `busy`, others to `idle`. --stats PATH: a 4 KiB file of
@@ -118,10 +125,30 @@ struct conn {
     volatile struct used_elem *used_ring;
     int kick, call;
     int enabled, has_addr;
+    uint16_t signalled; // the used index the driver was last told of
+    uint16_t last_head;
+    const void *last_hdr;
+    int unsettled;      // a look without a fence declined a call: look again each round
 };
+
+static int lazy_calls, predict;
 
 static uint64_t blocks;
 static volatile struct stats *st;
+
+// The fenced decision: calls the driver if it wants to hear of what was published since the
+// last call. After the fence our used->idx is visible, so a driver enabling calls later sees it.
+static void settle(struct conn *c) {
+    c->unsettled = 0;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (c->call >= 0 && c->signalled != c->used_idx && !(c->avail[0] & AVAIL_F_NO_INTERRUPT)) {
+        c->signalled = c->used_idx;
+        uint64_t one = 1;
+        if (write(c->call, &one, 8) < 0) {
+            // EAGAIN: the counter is full, the driver will see the used ring anyway.
+        }
+    }
+}
 
 static void close_fd(int *fd) {
     if (*fd >= 0)
@@ -282,13 +309,15 @@ static int handle(struct conn *c, struct msg_hdr *h, uint8_t *p, int *fds, int n
                 break;
             c->num = num;
         } else if (h->request == SET_VRING_BASE) {
-            c->last_avail = c->used_idx = (uint16_t)num;
+            c->last_avail = c->used_idx = c->signalled = (uint16_t)num;
         } else if (h->request == SET_VRING_ENABLE) {
             if (num && !c->has_addr)
                 break;
             c->enabled = num != 0;
         } else {
-            // Stops the ring and tells where it stopped.
+            // Stops the ring and tells where it stopped, deciding a call first.
+            if (c->unsettled)
+                settle(c);
             c->enabled = 0;
             num = c->last_avail;
             memcpy(p + 4, &num, 4);
@@ -394,9 +423,15 @@ static int control(struct conn *c, int block) {
 
 // Serves the chains made available since the last round; how many.
 static inline unsigned serve(struct conn *c) {
+    if (c->unsettled && !(c->avail[0] & AVAIL_F_NO_INTERRUPT))
+        settle(c);
     uint16_t avail_idx = __atomic_load_n(&c->avail[1], __ATOMIC_ACQUIRE);
     uint16_t mask = c->num - 1;
     unsigned done = 0;
+    if (predict && c->last_avail != avail_idx && c->last_hdr) {
+        __builtin_prefetch(&c->desc[c->last_head]);
+        __builtin_prefetch(c->last_hdr, 1);
+    }
     while (c->last_avail != avail_idx) {
         uint16_t head = c->avail[2 + (c->last_avail & mask)];
         c->last_avail++;
@@ -429,6 +464,8 @@ static inline unsigned serve(struct conn *c) {
                 break;
             i = d->next;
         }
+        c->last_head = head;
+        c->last_hdr = bh;
         if (bh && status_p) {
             uint32_t type = bh->type;
             uint64_t sector = bh->sector;
@@ -452,13 +489,10 @@ static inline unsigned serve(struct conn *c) {
     }
     if (done) {
         __atomic_store_n(c->used_idx_p, c->used_idx, __ATOMIC_RELEASE);
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);
-        if (c->call >= 0 && !(c->avail[0] & AVAIL_F_NO_INTERRUPT)) {
-            uint64_t one = 1;
-            if (write(c->call, &one, 8) < 0) {
-                // EAGAIN: the counter is full, the driver will see the used ring anyway.
-            }
-        }
+        if (!lazy_calls || !(c->avail[0] & AVAIL_F_NO_INTERRUPT))
+            settle(c);
+        else
+            c->unsettled = 1;
     }
     return done;
 }
@@ -479,7 +513,7 @@ static uint64_t tick_hz(void) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: vhost_floor --socket PATH --blocks N [--stats PATH]\n");
+    fprintf(stderr, "usage: vhost_floor --socket PATH --blocks N [--stats PATH] [--lazy-calls] [--predict]\n");
     exit(2);
 }
 
@@ -492,6 +526,10 @@ int main(int argc, char **argv) {
             blocks = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--stats") && i + 1 < argc)
             stats_path = argv[++i];
+        else if (!strcmp(argv[i], "--lazy-calls"))
+            lazy_calls = 1;
+        else if (!strcmp(argv[i], "--predict"))
+            predict = 1;
         else
             usage();
     }

@@ -52,7 +52,7 @@ def spdk_markdown(res):
              "server syscalls/IO (writes) |",
              "|" + "---|" * 14]
     for p in e["points"]:
-        for kind in servers + (("floor",) if "floor" in p["servers"] else ()):
+        for kind in servers + tuple(k for k in ("floor", "floor_guess") if k in p["servers"]):
             md = p["servers"][kind]["median"]
             runs = p["servers"][kind]["runs"]
             sp = {k: spread_of([r.get(k) for r in runs]) for k in ("iops", "p99_ns")}
@@ -81,15 +81,21 @@ def spdk_markdown(res):
                   "client), one busy-polling thread on the same CPU with a reactor's busy accounting, driven by the "
                   "same client on the null disk's polled points. Its busy time per I/O is what the cache lines "
                   "the ring shares with the client's core cost; a server's busy/IO as a multiple of it (x floor) "
-                  "is how far its own work adds to that.", "",
-                  "| workload | floor IOPS | floor busy/IO ns | flashpath busy/IO ns | x floor | SPDK busy/IO ns | "
-                  "x floor |", "|" + "---|" * 7]
+                  "is how far its own work adds to that. The row \"floor_guess\" is the same floor "
+                  "prefetching the last request's head descriptor and header when new requests show "
+                  "(`--predict`), as flashpath does: the floor of a back end that hides those misses "
+                  "(x guess: flashpath's busy/IO as a multiple of it).", "",
+                  "| workload | floor IOPS | floor busy/IO ns | floor_guess busy/IO ns | flashpath busy/IO ns | "
+                  "x floor | x guess | SPDK busy/IO ns | x floor |", "|" + "---|" * 9]
         for p in floored:
             md = {k: p["servers"][k]["median"] for k in ("floor", "flashpath", "spdk")}
+            guess = (p["servers"].get("floor_guess") or {}).get("median") or {}
             fr = p.get("floor_ratios") or {}
             lines.append(f"| {_label(p)} | {_iops(md['floor'].get('iops'))} | "
                          f"{_ns(md['floor'].get('reactor_busy_ns_per_io'))} | "
+                         f"{_ns(guess.get('reactor_busy_ns_per_io'))} | "
                          f"{_ns(md['flashpath'].get('reactor_busy_ns_per_io'))} | {_x(fr.get('flashpath'))} | "
+                         f"{_x(fr.get('flashpath_guess'))} | "
                          f"{_ns(md['spdk'].get('reactor_busy_ns_per_io'))} | {_x(fr.get('spdk'))} |")
     paired = [p for p in e["points"] if p.get("paired")]
     if paired:

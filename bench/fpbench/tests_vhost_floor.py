@@ -53,7 +53,7 @@ def _server(iops, busy_ns, reactor=True):
 
 def _spdk_result(floor=True):
     """A smoke run's SPDK section on the null disk: flashpath busy 170 ns per I/O, SPDK 200 ns,
-    the floor (polled points only, when `floor`) 100 ns."""
+    the floor (polled points only, when `floor`) 100 ns and the guessing floor 85 ns."""
     sc = mode_config("smoke")["spdk"]
     points = []
     for pt in sc["points"]:
@@ -61,6 +61,7 @@ def _spdk_result(floor=True):
             "flashpath": _server(300_000, 170), "qsd": _server(200_000, 250, False), "spdk": _server(250_000, 200)})
         if floor and pt[4]:
             e["servers"]["floor"] = _server(400_000, 100)
+            e["servers"]["floor_guess"] = _server(500_000, 85)
         e["ratios"] = spdk_ratios(e)
         if "floor" in e["servers"]:
             e["floor_ratios"] = floor_ratios(e)
@@ -68,7 +69,8 @@ def _spdk_result(floor=True):
     spdk = {"dir": "/spdk", "config": sc, "client": "fp-load --hugetlb", "points": points, "backends": ["null"],
             "version": "SPDK v23.01.1"}
     if floor:
-        spdk["floor"] = {"source": "bench/vhost_floor.c", "backends": ["null"], "clients": ["poll"]}
+        spdk["floor"] = {"source": "bench/vhost_floor.c", "backends": ["null"], "clients": ["poll"],
+                         "variants": {"floor": [], "floor_guess": ["--predict"]}}
     return {"spdk": spdk, "meta": {"server_cpu": 0, "client_cpu": 1}}, sc
 
 
@@ -78,9 +80,11 @@ class SpdkFloorReportTest(unittest.TestCase):
         p = res["spdk"]["points"][0]
         self.assertAlmostEqual(p["floor_ratios"]["flashpath"], 1.7)
         self.assertAlmostEqual(p["floor_ratios"]["spdk"], 2.0)
+        self.assertAlmostEqual(p["floor_ratios"]["flashpath_guess"], 2.0)
         text = "\n".join(spdk_markdown(res))
         self.assertIn("| null 4K randread QD1 poll | floor | 400.0 K (0 %) |", text)
-        self.assertIn("| null 4K randread QD1 poll | 400.0 K | 100 | 170 | 1.70 | 200 | 2.00 |", text)
+        self.assertIn("| null 4K randread QD1 poll | floor_guess | 500.0 K (0 %) |", text)
+        self.assertIn("| null 4K randread QD1 poll | 400.0 K | 100 | 85 | 170 | 1.70 | 2.00 | 200 | 2.00 |", text)
         self.assertNotIn("QD1 fd | floor", text)
         got = {}
         spdk_targets(res, lambda name, goal, measured, ok: got.__setitem__(name, (measured, ok)))
@@ -135,6 +139,10 @@ class SpdkFloorReportTest(unittest.TestCase):
         problems = validate_spdk(res, sc)
         self.assertIn("spdk null randread 4K qd1 q1 poll floor: 0 runs, want 1", problems)
         self.assertIn("spdk null randread 4K qd1 q1 poll: no busy/IO ratio of flashpath to the floor", problems)
+        self.assertIn("spdk null randread 4K qd1 q1 poll: no busy/IO ratio of flashpath to the guessing floor",
+                      problems)
+        del res["spdk"]["points"][0]["servers"]["floor_guess"]
+        self.assertIn("spdk null randread 4K qd1 q1 poll floor_guess: 0 runs, want 1", validate_spdk(res, sc))
 
 
 class VhostFloorTest(unittest.TestCase):
@@ -193,6 +201,18 @@ class VhostFloorTest(unittest.TestCase):
                 self.assertGreater(r["writes"], 0)
         busy = self.floor.reactors()[0]["busy"]
         self.assertGreater(busy, 0)
+
+    def test_its_variants_serve_the_same_requests(self):
+        # The lazy call decision and the guessed prefetches change no answer: every request
+        # completes, a polled client and one that waits on its completion fd alike.
+        for variant in (("--predict",), ("--lazy-calls",), ("--predict", "--lazy-calls")):
+            self.floor.stop()
+            self.floor = VhostFloor(self.floor.cmd[3], self.work, 0, BLOCKS, name="v" + "".join(variant),
+                                    variant=variant)
+            self.addCleanup(self.floor.stop)
+            for pattern, qd, poll in (("randread", 1, True), ("randrw", 32, True), ("randrw", 1, False)):
+                r, _ = self._run(pattern, qd, poll)
+                self.assertEqual(r.get("kicks"), 0, f"{variant} {pattern} QD{qd}")
 
     def _raw_client(self):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -164,6 +164,12 @@ def validate_spdk(res, sc):
                 for kind in ("flashpath", "spdk"):
                     if not isinstance((p.get("floor_ratios") or {}).get(kind), (int, float)):
                         problems.append(f"spdk {point_label(pk)}: no busy/IO ratio of {kind} to the floor")
+                # The guessing floor, in runs that had it (later than the floor itself).
+                if "floor_guess" in fl.get("variants", {}):
+                    server_measured(problems, f"spdk {point_label(pk)} floor_guess", p["servers"].get("floor_guess"),
+                                    sc["reps"], ["iops", "reactor_busy_ns_per_io"])
+                    if not isinstance((p.get("floor_ratios") or {}).get("flashpath_guess"), (int, float)):
+                        problems.append(f"spdk {point_label(pk)}: no busy/IO ratio of flashpath to the guessing floor")
     return problems
 
 

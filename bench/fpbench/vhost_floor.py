@@ -50,17 +50,18 @@ class VhostFloor:
     """vhost_floor on `cpu` serving a null disk of `blocks` 512-byte sectors on the socket
     `sock`, one client at a time. It polls its core whenever a client is connected (and blocks
     in accept or on the control socket otherwise); like SPDK it is paused (SIGSTOP) outside its
-    own runs in the SPDK section."""
+    own runs in the SPDK section. `variant`: the floor's options for what flashpath does beyond
+    the textbook (`--lazy-calls`, `--predict`; see bench/vhost_floor.c)."""
     kind = "vfloor"
 
-    def __init__(self, binary, work, cpu, blocks, name="vfloor"):
+    def __init__(self, binary, work, cpu, blocks, name="vfloor", variant=()):
         self.name = name
         self.dir = os.path.join(work, name)
         os.makedirs(self.dir, exist_ok=True)
         self.sock = os.path.join(self.dir, "vhost.sock")
         self.stats_path = os.path.join(self.dir, "stats")
         self.cmd = ["taskset", "-c", str(cpu), binary, "--socket", self.sock, "--blocks", str(blocks),
-                    "--stats", self.stats_path]
+                    "--stats", self.stats_path] + list(variant)
         self.log = os.path.join(self.dir, "vhost_floor.log")
         self.proc = spawn(self.cmd, self.log)
         self.pid = self.proc.pid

@@ -20,6 +20,10 @@ SPDK_SERVERS = ("flashpath", "qsd", "spdk")
 # The vhost-user floor: a fourth server on these backends' polled points (the floor is a null
 # disk; with a polled client the busy time per I/O is the figure it is a floor for).
 FLOOR = "floor"
+# The floor that also guesses the next request's lines as flashpath does (`--predict`): the
+# floor of a back end that hides those misses.
+FLOOR_GUESS = "floor_guess"
+FLOORS = {FLOOR: (), FLOOR_GUESS: ("--predict",)}
 FLOOR_BACKENDS = ("null",)
 HUGEPAGES = 1024  # 2 MiB each: SPDK's memory (DPDK) and one page per fp-load run
 HUGE_MOUNT = "/dev/hugepages"
@@ -92,7 +96,8 @@ class SpdkSection:
         c2c = build_c2c(self.work)
         if any(b in FLOOR_BACKENDS for b in out["backends"]):
             floor_bin = build_vhost_floor(self.work)
-            out["floor"] = {"source": "bench/vhost_floor.c", "backends": list(FLOOR_BACKENDS), "clients": ["poll"]}
+            out["floor"] = {"source": "bench/vhost_floor.c", "backends": list(FLOOR_BACKENDS), "clients": ["poll"],
+                            "variants": {k: list(v) for k, v in FLOORS.items()}}
         with HugePages():
             for backend in out["backends"]:
                 size = sc["sizes"][backend]
@@ -100,7 +105,7 @@ class SpdkSection:
                 fp = Flashpath(self.args.bin_dir, self.work, str(self.server_cpu), name=f"flashpath-spdk-{backend}")
                 qsd = Qsd(self.work, self.server_cpu, backend, size, path, name="qsd-spdk")
                 sp = Spdk(self.args.spdk, self.work, self.server_cpu, name=f"spdk-{backend}")
-                floor = None
+                floors = []
                 try:
                     out["version"] = sp.version()
                     ctrlr = f"vhost.{backend}"
@@ -108,10 +113,13 @@ class SpdkSection:
                              "spdk": sp.add_disk(backend, size)}
                     servers = {"flashpath": fp, "qsd": qsd, "spdk": sp}
                     if floor_bin and backend in FLOOR_BACKENDS:
-                        floor = VhostFloor(floor_bin, self.work, self.server_cpu, size // 512, name=f"vfloor-{backend}")
-                        # Polls its core while a client is connected: frozen outside its own runs too.
-                        floor.pause()
-                        servers[FLOOR], socks[FLOOR] = floor, floor.sock
+                        for kind, variant in FLOORS.items():
+                            floor = VhostFloor(floor_bin, self.work, self.server_cpu, size // 512,
+                                               name=f"v{kind}-{backend}", variant=variant)
+                            floors.append(floor)
+                            # Polls its core while a client is connected: frozen outside its own runs too.
+                            floor.pause()
+                            servers[kind], socks[kind] = floor, floor.sock
                     if backend == "ram":
                         # Every disk written once, so that no read meets a page never touched.
                         for kind in ("flashpath", "spdk"):
@@ -123,11 +131,11 @@ class SpdkSection:
                     for point in sc["points"]:
                         pk = point_key(backend, point)
                         want_hist = point[2] == 1
-                        kinds = SPDK_SERVERS + ((FLOOR,) if floor and point[4] else ())
+                        kinds = SPDK_SERVERS + (tuple(FLOORS) if floors and point[4] else ())
                         runs = {k: [] for k in kinds}
                         for _ in range(reps):
                             for kind in kinds:
-                                frozen = servers[kind] if kind in ("spdk", FLOOR) else None
+                                frozen = servers[kind] if kind == "spdk" or kind in FLOORS else None
                                 # Sampled before a frozen server resumes: SPDK's reactor would poll
                                 # the CPU the sample's thread is pinned to.
                                 line = c2c_ns(c2c) if point[4] else None
@@ -163,7 +171,7 @@ class SpdkSection:
                     fp.stop()
                     qsd.stop()
                     sp.stop()
-                    if floor:
+                    for floor in floors:
                         floor.stop()
 
     def spdk_measure(self, server, sock, point, secs, want_hist, ctrlr):
@@ -203,9 +211,12 @@ def spdk_ratios(e):
 
 def floor_ratios(e):
     """flashpath's and SPDK's reactor busy time per I/O as a multiple of the vhost-user floor's
-    at a point that has the floor."""
-    fl = e["servers"][FLOOR]["median"].get("reactor_busy_ns_per_io")
-    return {k: ratio(e["servers"][k]["median"].get("reactor_busy_ns_per_io"), fl) for k in ("flashpath", "spdk")}
+    at a point that has the floor; with the guessing floor also flashpath's multiple of that."""
+    busy = {k: v["median"].get("reactor_busy_ns_per_io") for k, v in e["servers"].items()}
+    out = {k: ratio(busy[k], busy[FLOOR]) for k in ("flashpath", "spdk")}
+    if FLOOR_GUESS in busy:
+        out["flashpath_guess"] = ratio(busy["flashpath"], busy[FLOOR_GUESS])
+    return out
 
 
 
@@ -224,6 +235,8 @@ def paired_ratios(e):
 
     out = {"busy_fp_spdk": per_round("flashpath", "spdk"),
            "c2c_ns": [{k: runs[k][i].get("c2c_ns") for k in runs} for i in range(n)]}
+    if FLOOR_GUESS in runs:
+        out["busy_fp_floor_guess"] = per_round("flashpath", FLOOR_GUESS)
     if FLOOR in runs:
         out["busy_fp_floor"] = per_round("flashpath", FLOOR)
         out["busy_spdk_floor"] = per_round("spdk", FLOOR)
