@@ -60,8 +60,9 @@ const TO_MOVE: &[(&str, usize)] = &[
 /// of an edge's wrapper (fp-nvmf's timerfd and the NBD client's socket calls into fp-sys:
 /// 405 → 408) or a new edge comes (fp-conn's io_uring socket engine: 231 → 239; libssl's FFI,
 /// its 46 function pointer types each a site: 239 → 311; fp-ublk's control and queue rings:
-/// 311 → 323), the reason in the commit.
-const CEILING: usize = 323;
+/// 311 → 323; the guest-memory edge's prefetch of a guessed request, an intrinsic with no safe
+/// form: 323 → 324), the reason in the commit.
+const CEILING: usize = 324;
 
 /// The kind of each `unsafe` keyword in `tokens`, with its line.
 fn unsafe_sites(tokens: &[Token]) -> Vec<(usize, &'static str)> {
