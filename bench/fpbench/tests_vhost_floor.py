@@ -2,9 +2,12 @@
 SPDK section: it builds with the machine's C compiler, serves polled reads at QD1 and mixed
 reads and writes at QD32 and with completion notifications, counts exactly the requests the
 client sent (and busy time for them), takes a second client after the first one leaves, and
-drops a client that sends what it does not serve while it keeps serving the next one. Also the
-SPDK section's floor figures (its rows, the busy/IO multiples, the QD1 target's note, --validate
-of results with and without the floor), without a daemon.
+drops a client that sends what it does not serve while it keeps serving the next one, and gives
+the SPDK section's interrupt-driven figures at a completion-fd point. Also the SPDK section's
+floor figures (its rows, the busy/IO and CPU/IO stat multiples, the round-by-round tables, the
+QD1 busy and QD32 fd CPU targets' notes, --validate of results with and without the floor and
+with it at the fd points or not), without a daemon, and the section's rounds with every server
+faked (which servers run where, the c2c sample before each run, one polling server at a time).
 Needs a built fp-load in `FLASHPATH_BIN_DIR` (default target/debug) and a few 2 MiB huge pages
 (reserved here as root and given back afterwards):
 `cd bench && FLASHPATH_BIN_DIR=../target/debug python3 -m unittest fpbench.tests_vhost_floor` (seconds).
@@ -16,12 +19,14 @@ import socket
 import struct
 import tempfile
 import unittest
+from unittest import mock
 
-from fpbench.common import wait_for
-from fpbench.load import Loader, point_key
+from fpbench.common import server_measured, wait_for
+from fpbench.load import Loader, measure, point_key, summarize
 from fpbench.modes import mode_config
 from fpbench.report_spdk import spdk_markdown, spdk_targets
-from fpbench.sections.spdk import floor_fd_ratios, floor_ratios, paired_ratios, spdk_ratios
+from fpbench.sections import spdk as spdk_section
+from fpbench.sections.spdk import SpdkSection, floor_fd_ratios, floor_ratios, paired_ratios, spdk_ratios
 from fpbench.validate import validate_spdk
 from fpbench.servers import kill_all_children
 from fpbench.vhost_floor import VhostFloor, build_vhost_floor
@@ -243,6 +248,134 @@ class SpdkFloorReportTest(unittest.TestCase):
         self.assertFalse([x for x in validate_spdk(res, sc) if "fd floor_guess" in x])
 
 
+class _FakeServer:
+    """A server of the SPDK section as run_spdk drives it, recording what happens to it in `events`."""
+
+    def __init__(self, kind, events, *args, name=None, variant=(), **kw):
+        self.kind, self.events, self.name = kind, events, name or kind
+        self.variant = tuple(variant)
+        self.sock = f"/fake/{self.name}.sock"
+        self.pid = 0
+        self.paused = False
+
+    def add_disk(self, backend, size):
+        return self.sock
+
+    def version(self):
+        return "SPDK v23.01.1"
+
+    def controller_stats(self, ctrlr):
+        return {}
+
+    def pause(self):
+        self.paused = True
+
+    def resume(self):
+        self.paused = False
+
+    def stop(self):
+        self.events.append(("stop", self.name))
+
+
+class SpdkSectionScheduleTest(unittest.TestCase):
+    """run_spdk's rounds with every server, c2c and fp-load faked: which servers run at which
+    point, the c2c sample before each run, one polling server at a time, and results that the
+    report and --validate take."""
+
+    # Per server: busy/IO ns, CPU/IO stat ns, notifications/IO (the floor lowest).
+    FIGURES = {"flashpath": (170, 3400, 0.5), "qsd": (None, 5000, 0.9), "spdk": (200, 4000, 0.6),
+               "vfloor": (100, 3800, 0.3)}
+
+    def setUp(self):
+        self.events = []
+        self.servers = []
+        self.c2c = iter(range(60, 10_000))
+
+        def server(kind):
+            def make(*args, **kw):
+                x = _FakeServer("vfloor" if kind == "floor" else kind, self.events, *args, **kw)
+                self.servers.append(x)
+                return x
+            return make
+
+        def c2c_ns(binary):
+            ns = float(next(self.c2c))
+            self.events.append(("c2c", ns, tuple(x.name for x in self.servers if not x.paused)))
+            return ns
+
+        def fake_measure(server, loader, sock, point, secs, want_hist, extra=()):
+            busy, stat, notes = self.FIGURES[server.kind]
+            self.events.append(("run", server.name, point, tuple(x.name for x in self.servers if not x.paused)))
+            r = {"iops": 1e9 / stat, "ios": 1000, "p50_ns": 2000.0, "p99_ns": 4000.0, "server_cpu_ns_per_io": stat,
+                 "reactor_busy_ns_per_io": busy}
+            if not point[4]:
+                r.update(server_cpu_stat_ns_per_io=stat, notifications_per_io=notes, completions_per_wakeup=1.5)
+            if want_hist:
+                r["histogram"] = {"count": 1, "buckets": [[1000, 2000, 1]]}
+            return r
+
+        class HugePages:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                pass
+
+        for name, new in (("Flashpath", server("flashpath")), ("Qsd", server("qsd")), ("Spdk", server("spdk")),
+                          ("VhostFloor", server("floor")), ("HugePages", HugePages), ("c2c_ns", c2c_ns),
+                          ("measure", fake_measure), ("build_c2c", lambda work: "c2c"),
+                          ("build_vhost_floor", lambda work: "vhost_floor"),
+                          ("syscall_method", lambda: (None, "faked")), ("log", lambda msg: None)):
+            patcher = mock.patch.object(spdk_section, name, new)
+            patcher.start()
+            self.addCleanup(patcher.stop)
+
+    def test_the_floor_at_every_null_point_the_guess_at_polled_ones_c2c_before_every_run(self):
+        sc = mode_config("smoke")["spdk"]
+        bench = SpdkSection()
+        bench.cfg = {"spdk": sc, "backends": ["null"]}
+        bench.args = mock.Mock(spdk="/spdk", backends=None, bin_dir="/bin")
+        bench.work, bench.server_cpu, bench.results, bench.loader = "/fake", 0, {}, None
+        bench.run_spdk()
+        out = bench.results["spdk"]
+        self.assertEqual(out["floor"]["clients"], {"floor": ["poll", "fd"], "floor_guess": ["poll"]})
+        self.assertEqual(out["floor"]["variants"], {"floor": [], "floor_guess": ["--predict"]})
+        got = {(p["qd"], p["client"]): sorted(p["servers"]) for p in out["points"]}
+        self.assertEqual(got, {(1, "poll"): ["flashpath", "floor", "floor_guess", "qsd", "spdk"],
+                               (32, "poll"): ["flashpath", "floor", "floor_guess", "qsd", "spdk"],
+                               (1, "fd"): ["flashpath", "floor", "qsd", "spdk"],
+                               (32, "fd"): ["flashpath", "floor", "qsd", "spdk"]})
+        floors = {x.name: x.variant for x in self.servers if x.kind == "vfloor"}
+        self.assertEqual(floors, {"vfloor-null": (), "vfloor_guess-null": ("--predict",)})
+        # Every run just after its own c2c sample, taken while SPDK and the floors are all frozen
+        # (only flashpath and qsd, which sleep when idle, running); in the run only its server of
+        # the three that poll when idle.
+        runs = [i for i, ev in enumerate(self.events) if ev[0] == "run"]
+        self.assertEqual(len(runs), 18)  # 5 servers at 2 polled points, 4 at 2 fd points, 1 round each
+        polling = {"spdk-null", "vfloor-null", "vfloor_guess-null"}
+        for i in runs:
+            before, run = self.events[i - 1], self.events[i]
+            self.assertEqual(before[0], "c2c", run)
+            self.assertFalse(polling & set(before[2]), before)
+            self.assertEqual(polling & set(run[3]), polling & {run[1]}, run)
+        for p in out["points"]:
+            c2c = [r["c2c_ns"] for v in p["servers"].values() for r in v["runs"]]
+            self.assertTrue(all(isinstance(x, float) for x in c2c), c2c)
+            self.assertEqual(set(p["paired"]["c2c_ns"][0]), set(p["servers"]))
+        fd = {(p["qd"], p["client"]): p for p in out["points"]}[(32, "fd")]
+        self.assertAlmostEqual(fd["floor_fd_ratios"]["cpu_stat_fp_floor"], 3400 / 3800)
+        self.assertAlmostEqual(fd["floor_fd_ratios"]["notifications_floor_spdk"], 0.5)
+        self.assertAlmostEqual(fd["paired"]["cpu_stat_floor_spdk"]["rounds"][0], 3800 / 4000)
+        self.assertNotIn("floor_fd_ratios", {(p["qd"], p["client"]): p for p in out["points"]}[(32, "poll")])
+        self.assertNotIn("cpu_stat_fp_spdk", {(p["qd"], p["client"]): p for p in out["points"]}[(32, "poll")]["paired"])
+        self.assertEqual(sum(ev[0] == "stop" for ev in self.events), 5)
+        # What it records, the report shows and --validate takes.
+        self.assertEqual(validate_spdk(bench.results, sc), [])
+        text = "\n".join(spdk_markdown({"spdk": out, "meta": {"server_cpu": 0, "client_cpu": 1}}))
+        self.assertIn("| null 4K randread QD32 fd | 263.2 K | 3800 | 0.300 | 3400 | 0.89 | 4000 | 1.05 | **0.95** | "
+                      "1.05 | 0.50 |", text)
+
+
 class VhostFloorTest(unittest.TestCase):
     def setUp(self):
         if not os.access(os.path.join(BIN_DIR, "fp-load"), os.X_OK):
@@ -299,6 +432,25 @@ class VhostFloorTest(unittest.TestCase):
                 self.assertGreater(r["writes"], 0)
         busy = self.floor.reactors()[0]["busy"]
         self.assertGreater(busy, 0)
+
+    def test_the_interrupt_driven_figures_of_the_spdk_section_fill_for_the_floor(self):
+        # The SPDK section's measure at its QD32 completion-fd point: every fd column of the
+        # report and every figure --validate asks of the floor there is measured.
+        r = measure(self.floor, self.loader, self.floor.sock, ("randread", 4096, 32, 1, False), SECS, False,
+                    extra=CLIENT)
+        for k in ("server_cpu_stat_ns_per_io", "notifications_per_io", "client_calls_per_io",
+                  "completions_per_wakeup", "completions_per_notification", "reactor_busy_ns_per_io"):
+            self.assertIsInstance(r.get(k), float, k)
+            self.assertGreater(r[k], 0, k)
+        # It polls and asks for no kicks: the notifications are its calls alone.
+        self.assertEqual(r["client_kicks_per_io"], 0)
+        self.assertAlmostEqual(r["notifications_per_io"], r["client_calls_per_io"])
+        self.assertGreaterEqual(r["server_wakeups_per_io"], 0)
+        problems = []
+        server_measured(problems, "floor", {"runs": [r], "median": summarize([r])}, 1,
+                        ["iops", "p50_ns", "p99_ns", "reactor_busy_ns_per_io", "server_cpu_stat_ns_per_io",
+                         "notifications_per_io"])
+        self.assertEqual(problems, [])
 
     def test_its_variants_serve_the_same_requests(self):
         # The lazy call decision and the guessed prefetches change no answer: every request
