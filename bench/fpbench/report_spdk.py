@@ -1,6 +1,7 @@
 """The SPDK-as-a-peer section (`--spdk DIR`, issue 23) in results.md, and its targets. Points
 with the vhost-user floor (runs before it had none) also get the floor's row and the servers'
-busy time per I/O as a multiple of the floor's."""
+busy time per I/O (polled points) or CPU time per I/O (completion-fd points, in runs that had the
+floor there) as a multiple of the floor's."""
 
 from fpbench.common import MIB
 from fpbench.report_format import SPREAD_NOTE, spread_of, with_spread
@@ -72,7 +73,7 @@ def spdk_markdown(res):
         lines.append(f"| {_label(p)} | **{_x(r['iops'])}** | {_x(q / s if q and s else None)} | {_x(r['p50'])} | "
                      f"{_x(r['p99'])} | {_x(r['server_cpu_per_io'])} | {_x(r['reactor_busy_per_io'])} | "
                      f"{_x(r['completions_per_wakeup'])} |")
-    floored = [p for p in e["points"] if "floor" in p["servers"]]
+    floored = [p for p in e["points"] if "floor" in p["servers"] and p["client"] == "poll"]
     if floored:
         lines += ["", "The vhost-user floor (`bench/vhost_floor.c`, the row \"floor\" above): a vhost-user-blk "
                   "back end that does the least a back end must do per request (read avail->idx, walk the chain "
@@ -97,7 +98,8 @@ def spdk_markdown(res):
                          f"{_ns(md['flashpath'].get('reactor_busy_ns_per_io'))} | {_x(fr.get('flashpath'))} | "
                          f"{_x(fr.get('flashpath_guess'))} | "
                          f"{_ns(md['spdk'].get('reactor_busy_ns_per_io'))} | {_x(fr.get('spdk'))} |")
-    paired = [p for p in e["points"] if p.get("paired")]
+    lines += _floor_fd_table(e)
+    paired = [p for p in e["points"] if p.get("paired") and p["client"] == "poll"]
     if paired:
         lines += ["", "Round by round (polled points): the servers of one round ran one after the other within "
                   "seconds, each run just after a sample of one cache line's round trip between the two CPUs "
@@ -106,17 +108,74 @@ def spdk_markdown(res):
                   "| workload | round | c2c ns fp / SPDK / floor | busy/IO fp/SPDK | fp/floor | SPDK/floor |",
                   "|" + "---|" * 6]
         for p in paired:
-            pr = p["paired"]
-            fps = pr["busy_fp_spdk"]
-            fpf, spf = pr.get("busy_fp_floor") or {}, pr.get("busy_spdk_floor") or {}
-            for i, c in enumerate(pr["c2c_ns"]):
-                cs = " / ".join(_ns(c.get(k)) for k in ("flashpath", "spdk", "floor") if k in c)
-                lines.append(f"| {_label(p)} | {i + 1} | {cs} | {_x(fps['rounds'][i])} | "
-                             f"{_x((fpf.get('rounds') or [None] * (i + 1))[i])} | "
-                             f"{_x((spf.get('rounds') or [None] * (i + 1))[i])} |")
-            lines.append(f"| {_label(p)} | median | | **{_x(fps['median'])}** | {_x(fpf.get('median'))} | "
-                         f"{_x(spf.get('median'))} |")
+            lines += _round_rows(p, ("busy_fp_spdk", "busy_fp_floor", "busy_spdk_floor"))
+    lines += _paired_fd_table(e)
     return lines
+
+
+def _floor_fd_table(e):
+    """The completion-fd points that had the floor: its IOPS, CPU/IO stat and notifications/IO
+    beside flashpath's and SPDK's CPU/IO stat as multiples of its own, and its figures over SPDK's."""
+    pts = [p for p in e["points"] if "floor" in p["servers"] and p["client"] == "fd"]
+    if not pts:
+        return []
+    lines = ["", "The floor at the completion-fd points (the row \"floor\" above at fd points): the same "
+             "back end, signalling the call eventfd after each round that completed requests while the "
+             "client waits on it. Every server here polls its core through the run, so CPU/IO stat (utime + "
+             "stime per I/O) is about 1 / IOPS: where the floor is no faster than SPDK (floor/SPDK near 1), "
+             "the point is bound below the servers (the client, the cross-core traffic), not by their work. "
+             "x floor: a server's CPU/IO stat as a multiple of the floor's; floor/SPDK: the floor's "
+             "figure over SPDK's.", "",
+             "| workload | floor IOPS | floor CPU/IO stat ns | floor notifications/IO | flashpath CPU/IO stat ns | "
+             "x floor | SPDK CPU/IO stat ns | x floor | floor/SPDK CPU/IO stat | floor/SPDK IOPS | "
+             "floor/SPDK notifications/IO |", "|" + "---|" * 11]
+    for p in pts:
+        md = {k: p["servers"][k]["median"] for k in ("floor", "flashpath", "spdk")}
+        fr = p.get("floor_fd_ratios") or {}
+        stat = "server_cpu_stat_ns_per_io"
+        lines.append(f"| {_label(p)} | {_iops(md['floor'].get('iops'))} | {_ns(md['floor'].get(stat))} | "
+                     f"{_k(md['floor'].get('notifications_per_io'))} | {_ns(md['flashpath'].get(stat))} | "
+                     f"{_x(fr.get('cpu_stat_fp_floor'))} | {_ns(md['spdk'].get(stat))} | "
+                     f"{_x(fr.get('cpu_stat_spdk_floor'))} | **{_x(fr.get('cpu_stat_floor_spdk'))}** | "
+                     f"{_x(fr.get('iops_floor_spdk'))} | {_x(fr.get('notifications_floor_spdk'))} |")
+    return lines
+
+
+def _paired_fd_table(e):
+    """The completion-fd points' rounds: CPU/IO stat ratios within each round beside its c2c samples."""
+    pts = [p for p in e["points"] if (p.get("paired") or {}).get("cpu_stat_fp_spdk") and p["client"] == "fd"]
+    if not pts:
+        return []
+    lines = ["", "Round by round (completion-fd points): as above, with the server CPU per I/O from "
+             "/proc/PID/stat (CPU/IO stat) in place of busy/IO.", "",
+             "| workload | round | c2c ns fp / SPDK / floor | CPU/IO stat fp/SPDK | fp/floor | floor/SPDK |",
+             "|" + "---|" * 6]
+    for p in pts:
+        lines += _round_rows(p, ("cpu_stat_fp_spdk", "cpu_stat_fp_floor", "cpu_stat_floor_spdk"))
+    return lines
+
+
+def _round_rows(p, keys):
+    """A point's rows in a round-by-round table: per round its c2c samples and the `paired`
+    ratios `keys` (the first one's median in bold on the last line); "-" where a ratio is missing."""
+    pr = p["paired"]
+    ratios = [pr.get(k) or {} for k in keys]
+    lines = [f"| {_label(p)} | {i + 1} | {_c2c(c)} | " + " | ".join(_x(_round(r, i)) for r in ratios) + " |"
+             for i, c in enumerate(pr["c2c_ns"])]
+    medians = [_x(r.get("median")) for r in ratios]
+    lines.append(f"| {_label(p)} | median | | **{medians[0]}** | " + " | ".join(medians[1:]) + " |")
+    return lines
+
+
+def _c2c(c):
+    """One round's c2c samples: flashpath's / SPDK's / the floor's run's (those the round had)."""
+    return " / ".join(_ns(c.get(k)) for k in ("flashpath", "spdk", "floor") if k in c)
+
+
+def _round(per_round, i):
+    """Round i of a paired ratio, None where the point had no such ratio."""
+    rounds = per_round.get("rounds") or []
+    return rounds[i] if i < len(rounds) else None
 
 
 def spdk_targets(res, add):
@@ -144,6 +203,26 @@ def spdk_targets(res, add):
                      f"{_x((pr.get('busy_floor_spdk') or {}).get('median'))}x SPDK's")
         return note
 
+    def floor_fd_note(qd, client):
+        """"; floor X ns, F x SPDK's; round by round fp/SPDK R x (r1 at c2c a/b ns, ...)" where the
+        point had the floor (the floor's parts) and rounds with their c2c samples."""
+        p = pts.get(("null", qd, client))
+        if p is None:
+            return ""
+        note = ""
+        if "floor" in p["servers"]:
+            fr = p.get("floor_fd_ratios") or {}
+            note = (f"; floor {_ns(p['servers']['floor']['median'].get('server_cpu_stat_ns_per_io'))} ns, "
+                    f"{_x(fr.get('cpu_stat_floor_spdk'))}x SPDK's")
+        pr = p.get("paired") or {}
+        if pr.get("cpu_stat_fp_spdk"):
+            fps, fls = pr["cpu_stat_fp_spdk"], pr.get("cpu_stat_floor_spdk") or {}
+            rounds = ", ".join(
+                f"{_x(x)}" + (f" (floor {_x(_round(fls, i))})" if fls else "") + f" at c2c {_c2c(c)} ns"
+                for i, (x, c) in enumerate(zip(fps["rounds"], pr["c2c_ns"])))
+            note += f"; round by round fp/SPDK {_x(fps['median'])}x: {rounds}"
+        return note
+
     f, s, r = both(32, "fd")
     if f:
         add("SPDK peer, QD32 completion-fd client: IOPS >= 1.3x SPDK's", ">= 1.30x",
@@ -152,7 +231,7 @@ def spdk_targets(res, add):
         a, b = f.get("server_cpu_stat_ns_per_io"), s.get("server_cpu_stat_ns_per_io")
         rc = a / b if a is not None and b else None
         add("SPDK peer, QD32 completion-fd client: server CPU per I/O <= 0.8x SPDK's", "<= 0.80x",
-            f"{_ns(a)} vs {_ns(b)} ns = {_x(rc)}x", None if rc is None else rc <= 0.8)
+            f"{_ns(a)} vs {_ns(b)} ns = {_x(rc)}x{floor_fd_note(32, 'fd')}", None if rc is None else rc <= 0.8)
         a, b = f.get("notifications_per_io"), s.get("notifications_per_io")
         add("SPDK peer, QD32 completion-fd client: notifications per I/O <= SPDK's", "<= 1.00x",
             f"{_k(a)} vs {_k(b)}", None if a is None or b is None else a <= b)

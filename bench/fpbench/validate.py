@@ -132,8 +132,9 @@ def validate_spdk(res, sc):
     """The SPDK section (only in runs with --spdk): every point on the three servers with its
     rounds, positive IOPS, latency and server CPU per I/O, both reactors' busy time, the fd
     clients' completions per wake-up, the IOPS ratio; where the run had the vhost-user floor (runs
-    before it had none), the floor on its backends' polled points with its busy time and the
-    servers' multiples of it."""
+    before it had none), the floor on its backends' points for the clients `floor.clients` names
+    with its busy time and the servers' multiples of it (at completion-fd points also its CPU
+    time and notifications per I/O and the CPU/IO stat multiples)."""
     problems = []
     got = {(p["backend"], p["pattern"], p["bs"], p["qd"], p["queues"], p["client"]): p
            for p in res["spdk"].get("points", [])}
@@ -158,19 +159,33 @@ def validate_spdk(res, sc):
             if not isinstance(p.get("ratios", {}).get("iops"), (int, float)):
                 problems.append(f"spdk {point_label(pk)}: no IOPS ratio")
             fl = res["spdk"].get("floor") or {}
-            if (b in fl.get("backends", ()) and pk["client"] in fl.get("clients", ())) or "floor" in p["servers"]:
-                server_measured(problems, f"spdk {point_label(pk)} floor", p["servers"].get("floor"), sc["reps"],
-                                ["iops", "p50_ns", "p99_ns", "reactor_busy_ns_per_io"])
+            floored = b in fl.get("backends", ())
+            if (floored and pk["client"] in floor_clients(fl, "floor")) or "floor" in p["servers"]:
+                want = ["iops", "p50_ns", "p99_ns", "reactor_busy_ns_per_io"]
+                if pk["client"] == "fd":
+                    want += ["server_cpu_stat_ns_per_io", "notifications_per_io"]
+                server_measured(problems, f"spdk {point_label(pk)} floor", p["servers"].get("floor"), sc["reps"], want)
                 for kind in ("flashpath", "spdk"):
                     if not isinstance((p.get("floor_ratios") or {}).get(kind), (int, float)):
                         problems.append(f"spdk {point_label(pk)}: no busy/IO ratio of {kind} to the floor")
-                # The guessing floor, in runs that had it (later than the floor itself).
-                if "floor_guess" in fl.get("variants", {}):
-                    server_measured(problems, f"spdk {point_label(pk)} floor_guess", p["servers"].get("floor_guess"),
-                                    sc["reps"], ["iops", "reactor_busy_ns_per_io"])
-                    if not isinstance((p.get("floor_ratios") or {}).get("flashpath_guess"), (int, float)):
-                        problems.append(f"spdk {point_label(pk)}: no busy/IO ratio of flashpath to the guessing floor")
+                if pk["client"] == "fd":
+                    for k in ("cpu_stat_fp_floor", "cpu_stat_spdk_floor", "cpu_stat_floor_spdk"):
+                        if not isinstance((p.get("floor_fd_ratios") or {}).get(k), (int, float)):
+                            problems.append(f"spdk {point_label(pk)}: no CPU/IO stat ratio {k}")
+            # The guessing floor, in runs that had it (later than the floor itself).
+            if floored and "floor_guess" in fl.get("variants", {}) and pk["client"] in floor_clients(fl, "floor_guess"):
+                server_measured(problems, f"spdk {point_label(pk)} floor_guess", p["servers"].get("floor_guess"),
+                                sc["reps"], ["iops", "reactor_busy_ns_per_io"])
+                if not isinstance((p.get("floor_ratios") or {}).get("flashpath_guess"), (int, float)):
+                    problems.append(f"spdk {point_label(pk)}: no busy/IO ratio of flashpath to the guessing floor")
     return problems
+
+
+def floor_clients(fl, kind):
+    """The clients a run's floor `kind` ran with: `floor.clients` maps each variant to its clients;
+    runs before the floor ran at the completion-fd points give one list for all variants."""
+    clients = fl.get("clients", ())
+    return clients.get(kind, ()) if isinstance(clients, dict) else clients
 
 
 # Sections run alone (`--only`) that validate.py checks by themselves: (their check, the heading

@@ -1,8 +1,9 @@
 """SPDK as a peer (`--spdk DIR`, issue 23): SPDK's vhost target in the same rounds as flashpath
 and qsd, all three driven by one client (fp-load's own frontend over huge pages, the only one
-of fp-load's clients SPDK 23.01 accepts), interleaved point by point; on the null disk's polled
+of fp-load's clients SPDK 23.01 accepts), interleaved point by point; on the null disk's
 points also the vhost-user floor (bench/vhost_floor.c), the least a back end does per request,
-so that the servers' reactor busy time per I/O reads against it. Never part of CI.
+so that the servers' reactor busy time per I/O (polled clients) and CPU time and notifications
+per I/O (completion-fd clients) read against it. Never part of CI.
 """
 
 import os
@@ -17,13 +18,18 @@ from fpbench.syscalls import method as syscall_method
 from fpbench.vhost_floor import VhostFloor, build_c2c, build_vhost_floor, c2c_ns
 
 SPDK_SERVERS = ("flashpath", "qsd", "spdk")
-# The vhost-user floor: a fourth server on these backends' polled points (the floor is a null
-# disk; with a polled client the busy time per I/O is the figure it is a floor for).
+# The vhost-user floor: a fourth server on these backends' points (the floor is a null disk;
+# with a polled client the busy time per I/O is the figure it is a floor for, with a completion-fd
+# one the CPU time and notifications per I/O).
 FLOOR = "floor"
 # The floor that also guesses the next request's lines as flashpath does (`--predict`): the
 # floor of a back end that hides those misses.
 FLOOR_GUESS = "floor_guess"
 FLOORS = {FLOOR: (), FLOOR_GUESS: ("--predict",)}
+# The clients each floor runs with: the guessing floor only where the busy time per I/O is the
+# figure (polled clients); the textbook one also where the servers are judged on CPU and
+# notifications per I/O, to tell whether those points are bound below the servers.
+FLOOR_CLIENTS = {FLOOR: ("poll", "fd"), FLOOR_GUESS: ("poll",)}
 FLOOR_BACKENDS = ("null",)
 HUGEPAGES = 1024  # 2 MiB each: SPDK's memory (DPDK) and one page per fp-load run
 HUGE_MOUNT = "/dev/hugepages"
@@ -91,12 +97,13 @@ class SpdkSection:
         out["backends"] = [b for b in sc["backends"] if not self.args.backends or b in self.cfg["backends"]]
         floor_bin = None
         # The host runs this VM's two vCPUs at two speeds of cross-core traffic (docs/benchmarks.md):
-        # every polled run records a cache line's round trip just before it, and the rounds of a
-        # point are also compared pairwise (`paired_ratios`).
+        # every run records a cache line's round trip just before it, and the rounds of a point
+        # are also compared pairwise (`paired_ratios`).
         c2c = build_c2c(self.work)
         if any(b in FLOOR_BACKENDS for b in out["backends"]):
             floor_bin = build_vhost_floor(self.work)
-            out["floor"] = {"source": "bench/vhost_floor.c", "backends": list(FLOOR_BACKENDS), "clients": ["poll"],
+            out["floor"] = {"source": "bench/vhost_floor.c", "backends": list(FLOOR_BACKENDS),
+                            "clients": {k: list(v) for k, v in FLOOR_CLIENTS.items()},
                             "variants": {k: list(v) for k, v in FLOORS.items()}}
         with HugePages():
             for backend in out["backends"]:
@@ -131,14 +138,15 @@ class SpdkSection:
                     for point in sc["points"]:
                         pk = point_key(backend, point)
                         want_hist = point[2] == 1
-                        kinds = SPDK_SERVERS + (tuple(FLOORS) if floors and point[4] else ())
+                        client = "poll" if point[4] else "fd"
+                        kinds = SPDK_SERVERS + tuple(k for k in FLOORS if floors and client in FLOOR_CLIENTS[k])
                         runs = {k: [] for k in kinds}
                         for _ in range(reps):
                             for kind in kinds:
                                 frozen = servers[kind] if kind == "spdk" or kind in FLOORS else None
                                 # Sampled before a frozen server resumes: SPDK's reactor would poll
                                 # the CPU the sample's thread is pinned to.
-                                line = c2c_ns(c2c) if point[4] else None
+                                line = c2c_ns(c2c)
                                 if frozen:
                                     frozen.resume()
                                 runs[kind].append(self.spdk_measure(servers[kind], socks[kind], point, secs,
@@ -157,8 +165,9 @@ class SpdkSection:
                         e["ratios"] = spdk_ratios(e)
                         if FLOOR in e["servers"]:
                             e["floor_ratios"] = floor_ratios(e)
-                        if point[4]:
-                            e["paired"] = paired_ratios(e)
+                            if not point[4]:
+                                e["floor_fd_ratios"] = floor_fd_ratios(e)
+                        e["paired"] = paired_ratios(e)
                         out["points"].append(e)
                         md = {k: e["servers"][k]["median"] for k in kinds}
                         log(f"{point_label(pk):<30} flashpath {md['flashpath']['iops']:>10.0f}  qsd "
@@ -166,7 +175,11 @@ class SpdkSection:
                             f"{fmt_ratio(e['ratios']['iops'])}"
                             + (f"  floor {md[FLOOR]['iops']:>10.0f}, busy/IO fp/floor "
                                f"{fmt_ratio(e['floor_ratios']['flashpath'])} spdk/floor "
-                               f"{fmt_ratio(e['floor_ratios']['spdk'])}" if FLOOR in md else ""))
+                               f"{fmt_ratio(e['floor_ratios']['spdk'])}" if FLOOR in md and point[4] else "")
+                            + (f"  floor {md[FLOOR]['iops']:>10.0f}, CPU/IO stat fp/floor "
+                               f"{fmt_ratio(e['floor_fd_ratios']['cpu_stat_fp_floor'])} floor/spdk "
+                               f"{fmt_ratio(e['floor_fd_ratios']['cpu_stat_floor_spdk'])}"
+                               if FLOOR in md and not point[4] else ""))
                 finally:
                     fp.stop()
                     qsd.stop()
@@ -220,17 +233,35 @@ def floor_ratios(e):
 
 
 
+def floor_fd_ratios(e):
+    """At a completion-fd point that has the floor, the interrupt-driven figures against it:
+    flashpath's and SPDK's server CPU per I/O (utime + stime) as multiples of the floor's, and the
+    floor's CPU per I/O, IOPS and notifications per I/O over SPDK's. Where every server polls its
+    core through the run, CPU per I/O is about 1 / IOPS: a floor at SPDK's figure says the point
+    is bound below the servers (the client, the cross-core traffic)."""
+    md = {k: v["median"] for k, v in e["servers"].items()}
+
+    def of(a, b, m):
+        return ratio(md[a].get(m), md[b].get(m))
+
+    stat = "server_cpu_stat_ns_per_io"
+    return {"cpu_stat_fp_floor": of("flashpath", FLOOR, stat), "cpu_stat_spdk_floor": of("spdk", FLOOR, stat),
+            "cpu_stat_floor_spdk": of(FLOOR, "spdk", stat), "iops_floor_spdk": of(FLOOR, "spdk", "iops"),
+            "notifications_floor_spdk": of(FLOOR, "spdk", "notifications_per_io")}
+
+
 def paired_ratios(e):
     """The reactor busy time per I/O compared round by round: in round i flashpath, qsd, SPDK
     (and the floor) ran one after the other within seconds, mostly at one speed of the host's,
     where the medians of a point may each come from another speed. Each ratio's per-round values
-    and their median; each round's cache-line round trips (c2c ns, one per server's run)."""
+    and their median; each round's cache-line round trips (c2c ns, one per server's run). Where
+    the runs have the server CPU per I/O from /proc/PID/stat (completion-fd clients), that too:
+    flashpath over SPDK, and with the floor flashpath over the floor and the floor over SPDK."""
     runs = {k: v["runs"] for k, v in e["servers"].items()}
     n = min(len(v) for v in runs.values())
 
-    def per_round(a, b):
-        xs = [ratio(runs[a][i].get("reactor_busy_ns_per_io"), runs[b][i].get("reactor_busy_ns_per_io"))
-              for i in range(n)]
+    def per_round(a, b, m="reactor_busy_ns_per_io"):
+        xs = [ratio(runs[a][i].get(m), runs[b][i].get(m)) for i in range(n)]
         return {"rounds": xs, "median": median([x for x in xs if x is not None])}
 
     out = {"busy_fp_spdk": per_round("flashpath", "spdk"),
@@ -241,4 +272,10 @@ def paired_ratios(e):
         out["busy_fp_floor"] = per_round("flashpath", FLOOR)
         out["busy_spdk_floor"] = per_round("spdk", FLOOR)
         out["busy_floor_spdk"] = per_round(FLOOR, "spdk")
+    if e.get("client") == "fd":
+        stat = "server_cpu_stat_ns_per_io"
+        out["cpu_stat_fp_spdk"] = per_round("flashpath", "spdk", stat)
+        if FLOOR in runs:
+            out["cpu_stat_fp_floor"] = per_round("flashpath", FLOOR, stat)
+            out["cpu_stat_floor_spdk"] = per_round(FLOOR, "spdk", stat)
     return out
