@@ -16,7 +16,7 @@ import unittest
 from fpbench.floor import MODES, Floor, build_floor
 from fpbench.load import Loader, point_key
 from fpbench.report_nvmf import nvmf_markdown, nvmf_targets, validate_nvmf
-from fpbench.sections.nvmf import FLOOR_OF, FLOORS, POINTS, floor_distance, nvmf_ratios
+from fpbench.sections.nvmf import FLOOR_OF, FLOORS, POINTS, floor_distance, nvmf_ratios, paired_floor
 from fpbench.servers import Flashpath, kill_all_children
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,8 +46,14 @@ def _result():
             "floor-epoll": _server(50_000 * scale, 11_000, 2_500, reactor=False)})
         e["ratios"] = nvmf_ratios(e)
         e["floor_distance"] = floor_distance(e)
+        # A second round at the host's slow speed: flashpath 1.5x its floor's mean there.
+        slow = {"flashpath": 15_000, "spdk": 16_500, "floor": 10_000, "floor-epoll": 11_000}
+        for kind, x in e["servers"].items():
+            x["runs"][0]["c2c_ns"] = 70.0
+            x["runs"].append(dict(x["runs"][0], lat_mean_ns=slow[kind], c2c_ns=340.0))
+        e["paired_floor"] = paired_floor(e)
         points.append(e)
-    config = {"secs": 1, "reps": 1, "trace_secs": 1, "backends": ["null"], "points": POINTS,
+    config = {"secs": 1, "reps": 2, "trace_secs": 1, "backends": ["null"], "points": POINTS,
               "sizes": {"null": 1 << 30}}
     targets = ["flashpath", "spdk", "floor", "floor-epoll"]
     nvmf = {"config": config, "targets": targets, "backends": ["null"],
@@ -66,6 +72,15 @@ class FloorReportTest(unittest.TestCase):
         self.assertEqual(d["flashpath"]["lat_mean_ns_above"], 2_000)
         self.assertEqual(d["spdk"]["server_cpu_ns_per_io_above"], 3_500)
 
+    def test_paired_distance_is_per_round_with_its_cache_line_samples(self):
+        d = _result()["nvmf"]["points"][0]["paired_floor"]
+        self.assertEqual(d["flashpath"]["floor"], "floor")
+        self.assertEqual(d["spdk"]["floor"], "floor-epoll")
+        self.assertEqual([round(x, 2) for x in d["flashpath"]["lat_mean"]["rounds"]], [1.2, 1.5])
+        self.assertAlmostEqual(d["flashpath"]["lat_mean"]["median"], 1.35)
+        self.assertEqual([round(x, 2) for x in d["spdk"]["iops"]["rounds"]], [0.8, 0.8])
+        self.assertEqual(d["flashpath"]["c2c_ns"], [[70.0, 70.0], [340.0, 340.0]])
+
     def test_results_md_has_the_floor_rows_and_targets(self):
         res = _result()
         text = "\n".join(nvmf_markdown(res))
@@ -76,6 +91,12 @@ class FloorReportTest(unittest.TestCase):
         self.assertIs(got["NVMe/TCP null QD32 4K randread: IOPS within 10 % of the floor's (floor)"], False)
         self.assertIs(got["NVMe/TCP null QD1 4K randread: mean latency within 10 % of the floor's (floor)"], False)
         self.assertIs(got["NVMe/TCP null QD1 4K randread: mean latency <= 0.85x SPDK nvmf_tgt's"], True)
+        self.assertIn("| null 4K randread QD1 | flashpath | 2 | 340 / 340 | 1.50 | 0.80 |", text)
+        self.assertIn("| null 4K randread QD1 | flashpath | median | | **1.35** | **0.80** |", text)
+        measured = {}
+        nvmf_targets(res, lambda name, goal, m, ok: measured.__setitem__(name, m))
+        self.assertEqual(measured["NVMe/TCP null QD1 4K randread: mean latency within 10 % of the floor's (floor)"],
+                         "1.20x the floor's; round by round 1.20, 1.50 (median 1.35)")
 
     def test_validate_wants_each_distance_but_no_reactor_counters_of_a_floor(self):
         res = _result()

@@ -24,6 +24,7 @@ from fpbench.sections.spdk import HugePages
 from fpbench.servers import Flashpath, Spdk, spawn, wait_for
 from fpbench.syscalls import SyscallCounter
 from fpbench.syscalls import method as syscall_method
+from fpbench.vhost_floor import build_c2c, c2c_ns
 
 # flashpath-uring: flashpath with `sock_set_default_impl uring` (its io_uring socket engine).
 TARGETS = ("flashpath", "flashpath-uring", "spdk", "floor", "floor-epoll")
@@ -153,6 +154,27 @@ def floor_distance(e):
     return out
 
 
+def paired_floor(e):
+    """Each target's distance from the floor of its kind round by round: in round i the target
+    and its floor ran within seconds, mostly at one of the host's two speeds of cross-core
+    traffic, where the medians of a point may each come from another speed. Per target: the
+    mean latency and the IOPS over the floor's, each round's value and their median, and each
+    round's cache-line round trips (c2c ns, sampled before the target's run and the floor's)."""
+    s, out = e["servers"], {}
+    for kind, floor in FLOOR_OF.items():
+        if kind not in s or floor not in s:
+            continue
+        a, b = s[kind]["runs"], s[floor]["runs"]
+        n = min(len(a), len(b))
+        lat = [ratio(a[i].get("lat_mean_ns"), b[i].get("lat_mean_ns")) for i in range(n)]
+        iops = [ratio(a[i].get("iops"), b[i].get("iops")) for i in range(n)]
+        out[kind] = {"floor": floor,
+                     "lat_mean": {"rounds": lat, "median": median([x for x in lat if x is not None])},
+                     "iops": {"rounds": iops, "median": median([x for x in iops if x is not None])},
+                     "c2c_ns": [[a[i].get("c2c_ns"), b[i].get("c2c_ns")] for i in range(n)]}
+    return out
+
+
 def nvmf_ratios(e):
     """flashpath / SPDK of a point's medians (IOPS: higher is better; the rest lower)."""
     s = e["servers"]
@@ -184,6 +206,10 @@ class NvmfSection:
         out["backends"] = [b for b in c["backends"] if not self.args.backends or b in self.args.backends.split(",")]
         # The machine's load around the section: other work on the two CPUs shows in every figure.
         out["loadavg_before"] = os.getloadavg()
+        # The host runs this VM's two vCPUs at two speeds of cross-core traffic
+        # (docs/benchmarks.md): every run records a cache line's round trip just before it, and
+        # each target is also compared with its floor round by round (`paired_floor`).
+        self.nvmf_c2c = build_c2c(self.work)
         with HugePages():
             if any(t in FLOORS for t in targets):
                 out["floor"] = {"binary": build_floor(self.work), "source": "bench/tcp_floor.c",
@@ -236,6 +262,7 @@ class NvmfSection:
                                                                          point, c["trace_secs"], how)
                 e["ratios"] = nvmf_ratios(e)
                 e["floor_distance"] = floor_distance(e)
+                e["paired_floor"] = paired_floor(e)
                 out["points"].append(e)
                 log(f"{point_label(pk):<30} " + "  ".join(
                     f"{k} {e['servers'][k]['median']['iops']:>9.0f} IOPS p50 "
@@ -248,11 +275,16 @@ class NvmfSection:
     def nvmf_measure(self, server, port, nqn, point, secs, trace=None):
         """One perf run on `server` (SPDK thawed for it); `trace`: count its system calls."""
         pattern, bs, qd, _queues, _poll = point
+        # Sampled before a frozen server resumes: SPDK's reactor would poll the CPU the
+        # sample's thread is pinned to.
+        line = c2c_ns(self.nvmf_c2c) if not trace else None
         if server.kind == "spdk":
             server.resume()
         try:
             counter = SyscallCounter(server.pid, trace, self.work) if trace else None
-            return perf_run(self.args.spdk, self.client_cpu, port, nqn, pattern, bs, qd, secs, server, counter)
+            r = perf_run(self.args.spdk, self.client_cpu, port, nqn, pattern, bs, qd, secs, server, counter)
+            r["c2c_ns"] = line
+            return r
         finally:
             if server.kind == "spdk":
                 server.pause()
