@@ -22,6 +22,7 @@ pub mod coalesce;
 mod config;
 pub mod connection;
 mod controller;
+mod depth;
 mod error;
 mod handoff;
 pub mod inflight;

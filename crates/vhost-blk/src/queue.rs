@@ -49,6 +49,7 @@ use fp_virtio_blk::{
 use fp_virtq::{Chain, MemTable};
 
 use crate::coalesce::{Clock, Coalescer};
+use crate::depth::DriverDepth;
 use crate::handoff::HandOffHold;
 use crate::inflight::{Pending, Tracker};
 use crate::log::{DataLog, QueueLog};
@@ -65,23 +66,31 @@ use crate::stats::{Counters, QueueStats};
 /// (docs/benchmarks.md, "Ceph RBD").
 const REMOTE_IDLE_WINDOW: Duration = Duration::from_micros(0);
 
-/// When the driver waits for its next completion, at most this many requests of a new batch
-/// are taken, completed as far as the back-end can at once, published and signalled before the
-/// rest (see `poll`): the driver's wake-up then overlaps our work on the rest.
+/// When the driver waits for its next completion, the first part of a new batch is taken,
+/// completed as far as the back-end can at once, published and signalled before the rest (see
+/// `poll`): the driver's wake-up then overlaps our work on the rest. Its size is half the
+/// driver's depth ([`DriverDepth`]), at most `MAX_FIRST_PART`; this many until a window of
+/// rounds has shown the depth, and for a driver below depth 4 (a batch taken whole).
 pub(crate) const FIRST_SIGNAL_BATCH: usize = 8;
+/// The largest first part, half of QD 32: deeper drivers gained nothing from more (QD 64 at
+/// the host's slow speed, docs/bench/history.md).
+pub(crate) const MAX_FIRST_PART: usize = 16;
 /// Otherwise at most this many requests are taken between two publications of the used ring,
 /// so that a driver consuming as we complete finds completions in a stream rather than a
-/// queue's worth at once. Both values measured (docs/bench/history.md, issue 23).
+/// queue's worth at once. Measured with the first part (docs/bench/history.md, issues 23
+/// and 37).
 pub(crate) const PUBLISH_EVERY: usize = 24;
 /// The most requests one poll takes, whatever the ring holds: the queue's share of its
 /// reactor's round. A queue whose driver keeps its ring full (QD 256) would otherwise take two
 /// parts of `PUBLISH_EVERY` per poll, 48 requests, and every other queue on the reactor would
-/// wait for all of them (about 9 µs at the null path's 186 ns per request) each round. One
-/// first part and one full part (8 + 24) is what the interrupt-driven measurement behind both
-/// sizes took per round at QD 32, so a queue at that depth or below is never cut; what a deeper
-/// queue leaves waits for the next round, which follows at once (docs/architecture.md, "Many
-/// queues on one reactor").
-pub(crate) const REQUESTS_PER_POLL: usize = FIRST_SIGNAL_BATCH + PUBLISH_EVERY;
+/// wait for all of them (about 9 µs at the null path's 186 ns per request) each round. 32 is
+/// what the interrupt-driven measurement behind the parts' sizes took per round at QD 32 (8 +
+/// 24, or 16 + 16 with the depth's first part), so a queue at that depth or below is never
+/// cut; what a deeper queue leaves waits for the next round, which follows at once
+/// (docs/architecture.md, "Many queues on one reactor").
+pub(crate) const REQUESTS_PER_POLL: usize = 32;
+const _: () =
+    assert!(MAX_FIRST_PART < PUBLISH_EVERY && FIRST_SIGNAL_BATCH + PUBLISH_EVERY <= REQUESTS_PER_POLL);
 
 /// Requests the bdev stack parked on Busy and gave up ([`IoChannel::abort_parked`]) at a
 /// stop's bound: they complete with `ECANCELED`, counted here as they do.
@@ -169,6 +178,8 @@ pub struct QueuePoller {
     /// again (a load, no fence) until the field asks for one or a fenced decision settles it,
     /// as a sleep or a stop makes first ([`QueuePoller::settle_notification`]).
     unsettled: bool,
+    /// The driver's depth, from the heads it uses: the size of a round's first part.
+    pub(crate) depth: DriverDepth,
     coalescer: Coalescer,
     /// Live-migration logging of the data path's writes (`None` while not migrating).
     data_log: Option<DataLog>,
@@ -359,6 +370,7 @@ impl QueuePoller {
             stats: s.stats,
             signal_pending: false,
             unsettled: false,
+            depth: DriverDepth::default(),
             coalescer: Coalescer::new(s.coalescing, s.clock),
             data_log: None,
             hold: s.hold,
@@ -782,22 +794,21 @@ impl Poller for QueuePoller {
         // The checks `pop_and_submit_first` relies on.
         if !self.failed && self.retry_busy() && (self.resubmits.is_empty() || self.resubmit_rest()) {
             // A round takes at most two parts, `REQUESTS_PER_POLL` in all, and publishes after
-            // each (docs/architecture.md, "Guest notifications"). The first is small when the driver waits for its next
-            // completion (everything before was completed and announced, and it asked to hear),
-            // so that its wake-up overlaps our work on the rest; what a second part leaves
-            // waits for the next round, which follows at once. The driver's field is read only
-            // once a batch is that large: at low depth, and in idle rounds, not at all.
-            let mut limit = if self.in_flight() == 0 && !self.signal_pending {
-                FIRST_SIGNAL_BATCH
-            } else {
-                PUBLISH_EVERY
-            };
+            // each (docs/architecture.md, "Guest notifications"). The first is half the
+            // driver's depth when it waits for its next completion (everything before was
+            // completed and announced, and it asked to hear), so that its wake-up overlaps our
+            // work on the rest; what a second part leaves waits for the next round, which
+            // follows at once. The driver's field is read only once a batch is that large: at
+            // low depth, and in idle rounds, not at all.
+            let waits = self.in_flight() == 0 && !self.signal_pending;
+            let mut limit = if waits { self.depth.first_part() } else { PUBLISH_EVERY };
             let mut took = self.pop_and_submit_first(limit);
-            if took == FIRST_SIGNAL_BATCH && limit == FIRST_SIGNAL_BATCH && !self.ring.driver_waits() {
+            if waits && took == limit && !self.ring.driver_waits() {
                 limit = PUBLISH_EVERY;
-                took += self.pop_and_submit(PUBLISH_EVERY - FIRST_SIGNAL_BATCH);
+                took += self.pop_and_submit(PUBLISH_EVERY - took);
             }
             busy |= took > 0;
+            self.depth.end_round(took);
             if took == limit {
                 if self.reap() > 0 {
                     self.publish_counters();

@@ -20,7 +20,7 @@ use fp_virtio_blk::GuestMemory;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::test_guest::*;
-use super::{QueuePoller, FIRST_SIGNAL_BATCH, PUBLISH_EVERY, REQUESTS_PER_POLL};
+use super::{QueuePoller, FIRST_SIGNAL_BATCH, MAX_FIRST_PART, PUBLISH_EVERY, REQUESTS_PER_POLL};
 use crate::coalesce::{Clock, CoalescingSettings};
 use crate::log::QueueLog;
 use crate::QueueStats;
@@ -320,6 +320,42 @@ fn without_event_idx_the_first_requests_are_announced_early_too() {
     assert_eq!(signalled(&seen), [false; 12]);
     assert_eq!((g.used_idx(), take(&g.call)), (24, 0));
     assert_eq!(stats.notifications.load(Ordering::Relaxed), 2);
+}
+
+/// Posts a batch of `n` reads as a driver at depth `n` does: its requests in the same
+/// descriptors every time (a fixed slot each), so the same `n` heads come back batch after batch.
+fn post_batch_in_slots(g: &mut Guest, n: u16) {
+    g.next_desc = 0;
+    post_reads(g, n);
+}
+
+#[test]
+fn the_first_part_is_half_the_drivers_depth_once_its_heads_have_shown_it() {
+    for (depth, first) in [(8u16, 4usize), (32, MAX_FIRST_PART), (3, FIRST_SIGNAL_BATCH)] {
+        let mut g = guest(256, false);
+        let (bdev, seen) = probe(&g);
+        let (mut q, _stats) = start(&g, &bdev);
+        // Until a window of rounds has shown the depth, the first part is the default.
+        post_batch_in_slots(&mut g, depth);
+        q.poll();
+        let want: Vec<bool> = (0..depth).map(|i| usize::from(i) >= FIRST_SIGNAL_BATCH).collect();
+        assert_eq!(signalled(&seen), want, "depth {depth}, first batch");
+        take(&g.call);
+        for _ in 1..64 {
+            post_batch_in_slots(&mut g, depth);
+            q.poll();
+        }
+        take(&g.call);
+        seen.lock().unwrap().clear();
+        // Signalled after half the batch (a batch below depth 4 is taken whole), and at its
+        // end: two signals without EVENT_IDX, one for a batch taken whole.
+        post_batch_in_slots(&mut g, depth);
+        q.poll();
+        let want: Vec<bool> = (0..depth).map(|i| usize::from(i) >= first).collect();
+        assert_eq!(signalled(&seen), want, "depth {depth}: first part {first}");
+        assert_eq!(take(&g.call), if first < usize::from(depth) { 2 } else { 1 }, "depth {depth}");
+        assert_eq!(g.used_idx(), 65 * depth, "every batch completed within its round");
+    }
 }
 
 #[test]

@@ -77,6 +77,7 @@ impl QueuePoller {
                     }
                 };
                 let head = Head { id, slots: 1 };
+                self.depth.saw(id);
                 match q.read_three(&self.table, id) {
                     Some((descs, total)) => {
                         if let Some(t) = &mut self.tracker {
@@ -112,6 +113,7 @@ impl QueuePoller {
                 if let Some(t) = &mut self.tracker {
                     t.taken(head.id);
                 }
+                self.depth.saw(head.id);
                 head
             }
         };
