@@ -2,13 +2,16 @@
 //! part of a round (docs/architecture.md, "Guest notifications").
 //!
 //! The first part exists so that a waiting driver's wake-up overlaps our work on the rest of
-//! its batch. How much of the batch that should be depends on the driver's depth: at QD 8 a
-//! first part of 8 takes the whole batch and the driver hears of nothing until all of it is
-//! done; at QD 32 a first part of 8 signals more often than needed. Half the depth serves
-//! both. A driver never says its depth, but it cannot have more requests outstanding than
-//! heads in use, and it reuses the heads of completed requests (a fixed slot per request, as
-//! fp-load, or a free list that hands out the last freed descriptor first, as Linux): the
-//! number of distinct heads over a window of rounds is the depth it runs at.
+//! its batch. How much of the batch that should be depends on the driver's depth: at QD 32 a
+//! first part of 8 signals more often than the driver can use, and 16 of 32 gives it as much
+//! overlap with fewer signals. Below 8 the first part stays 8: a smaller one gained IOPS for
+//! one interrupt-driven driver at QD 4–12 but doubled the signals of 16 VMs at QD 8 on one
+//! reactor, where the other queues' work already overlaps each driver's wake-up, and cost that
+//! case 28 % of its IOPS (docs/bench/history.md). A driver never says its depth, but it cannot
+//! have more requests outstanding than heads in use, and it reuses the heads of completed
+//! requests (a fixed slot per request, as fp-load, or a free list that hands out the last
+//! freed descriptor first, as Linux): the number of distinct heads over a window of rounds is
+//! the depth it runs at.
 
 use crate::queue::{FIRST_SIGNAL_BATCH, MAX_FIRST_PART};
 
@@ -17,10 +20,6 @@ use crate::queue::{FIRST_SIGNAL_BATCH, MAX_FIRST_PART};
 /// head it uses whatever order it takes them in. Rounds of one request are not counted: at QD 1
 /// the estimate is never needed (a batch of one is one part).
 const WINDOW_ROUNDS: u32 = 64;
-
-/// Below this depth the first part keeps its default, so a batch of 1–3 is taken whole and
-/// signalled once: splitting it would add a signal for one request.
-const MIN_SPLIT_DEPTH: u32 = 4;
 
 /// The heads a driver used in the current window, folded into 64 flags (head mod 64): two heads
 /// that share a flag count once, so at depths near 64 the estimate is low, which only matters
@@ -59,18 +58,14 @@ impl DriverDepth {
 
     #[cold]
     fn renew(&mut self) {
-        let depth: u32 = self.heads.iter().map(|&h| u32::from(h)).sum();
-        self.first_part = if depth >= MIN_SPLIT_DEPTH {
-            (depth as usize / 2).min(MAX_FIRST_PART)
-        } else {
-            FIRST_SIGNAL_BATCH
-        };
+        let depth: usize = self.heads.iter().map(|&h| usize::from(h)).sum();
+        self.first_part = (depth / 2).clamp(FIRST_SIGNAL_BATCH, MAX_FIRST_PART);
         (self.heads, self.rounds) = ([0; 64], 0);
     }
 
     /// How many requests a round's first part takes when the driver waits: half the depth
-    /// last estimated, at most `MAX_FIRST_PART`; `FIRST_SIGNAL_BATCH` until a window is full,
-    /// and below `MIN_SPLIT_DEPTH`.
+    /// last estimated, from `FIRST_SIGNAL_BATCH` to `MAX_FIRST_PART`; `FIRST_SIGNAL_BATCH`
+    /// until a window is full.
     #[inline(always)]
     pub(crate) fn first_part(&self) -> usize {
         self.first_part
@@ -96,7 +91,8 @@ mod tests {
 
     #[test]
     fn half_the_depth_once_a_window_is_full() {
-        for (depth, batch, want) in [(8, 8, 4), (8, 3, 4), (16, 5, 8), (24, 7, 12), (32, 9, 16), (64, 20, 16)]
+        for (depth, batch, want) in
+            [(8, 8, 8), (16, 5, 8), (20, 3, 10), (24, 7, 12), (32, 9, 16), (64, 20, 16)]
         {
             let mut d = DriverDepth::default();
             run(&mut d, depth, batch, WINDOW_ROUNDS - 1);
@@ -109,7 +105,7 @@ mod tests {
     #[test]
     fn a_shallow_driver_keeps_the_default_and_rounds_of_one_do_not_count() {
         let mut d = DriverDepth::default();
-        run(&mut d, 3, 3, WINDOW_ROUNDS);
+        run(&mut d, 4, 4, WINDOW_ROUNDS);
         assert_eq!(d.first_part(), FIRST_SIGNAL_BATCH);
         let mut d = DriverDepth::default();
         run(&mut d, 16, 1, 10 * WINDOW_ROUNDS);
@@ -121,9 +117,9 @@ mod tests {
         let mut d = DriverDepth::default();
         run(&mut d, 32, 8, WINDOW_ROUNDS);
         assert_eq!(d.first_part(), 16);
+        run(&mut d, 24, 8, WINDOW_ROUNDS);
+        assert_eq!(d.first_part(), 12);
         run(&mut d, 8, 8, WINDOW_ROUNDS);
-        assert_eq!(d.first_part(), 4);
-        run(&mut d, 2, 2, WINDOW_ROUNDS);
         assert_eq!(d.first_part(), FIRST_SIGNAL_BATCH);
     }
 }

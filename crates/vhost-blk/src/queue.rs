@@ -69,8 +69,8 @@ const REMOTE_IDLE_WINDOW: Duration = Duration::from_micros(0);
 /// When the driver waits for its next completion, the first part of a new batch is taken,
 /// completed as far as the back-end can at once, published and signalled before the rest (see
 /// `poll`): the driver's wake-up then overlaps our work on the rest. Its size is half the
-/// driver's depth ([`DriverDepth`]), at most `MAX_FIRST_PART`; this many until a window of
-/// rounds has shown the depth, and for a driver below depth 4 (a batch taken whole).
+/// driver's depth ([`DriverDepth`]), from this many to `MAX_FIRST_PART`; this many until a
+/// window of rounds has shown the depth.
 pub(crate) const FIRST_SIGNAL_BATCH: usize = 8;
 /// The largest first part, half of QD 32: deeper drivers gained nothing from more (QD 64 at
 /// the host's slow speed, docs/bench/history.md).

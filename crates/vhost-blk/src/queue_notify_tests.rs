@@ -331,7 +331,9 @@ fn post_batch_in_slots(g: &mut Guest, n: u16) {
 
 #[test]
 fn the_first_part_is_half_the_drivers_depth_once_its_heads_have_shown_it() {
-    for (depth, first) in [(8u16, 4usize), (32, MAX_FIRST_PART), (3, FIRST_SIGNAL_BATCH)] {
+    for (depth, first) in
+        [(24u16, 12usize), (32, MAX_FIRST_PART), (8, FIRST_SIGNAL_BATCH), (3, FIRST_SIGNAL_BATCH)]
+    {
         let mut g = guest(256, false);
         let (bdev, seen) = probe(&g);
         let (mut q, _stats) = start(&g, &bdev);
@@ -347,8 +349,8 @@ fn the_first_part_is_half_the_drivers_depth_once_its_heads_have_shown_it() {
         }
         take(&g.call);
         seen.lock().unwrap().clear();
-        // Signalled after half the batch (a batch below depth 4 is taken whole), and at its
-        // end: two signals without EVENT_IDX, one for a batch taken whole.
+        // Signalled after half the batch (at least the default first part: a batch no larger
+        // is taken whole), and at its end: two signals without EVENT_IDX, one for a whole batch.
         post_batch_in_slots(&mut g, depth);
         q.poll();
         let want: Vec<bool> = (0..depth).map(|i| usize::from(i) >= first).collect();
