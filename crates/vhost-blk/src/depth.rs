@@ -13,7 +13,15 @@
 //! freed descriptor first, as Linux): the number of distinct heads over a window of rounds is
 //! the depth it runs at.
 
-use crate::queue::{FIRST_SIGNAL_BATCH, MAX_FIRST_PART};
+/// When the driver waits for its next completion, the first part of a new batch is taken,
+/// completed as far as the back-end can at once, published and signalled before the rest (see
+/// the queue's `poll`): the driver's wake-up then overlaps our work on the rest. Its size is half the
+/// driver's depth ([`DriverDepth`]), from this many to `MAX_FIRST_PART`; this many until a
+/// window of rounds has shown the depth.
+pub(crate) const FIRST_SIGNAL_BATCH: usize = 8;
+/// The largest first part, half of QD 32: deeper drivers gained nothing from more (QD 64 at
+/// the host's slow speed, docs/bench/history.md).
+pub(crate) const MAX_FIRST_PART: usize = 16;
 
 /// Rounds that took two requests or more, over which the heads are gathered before the
 /// estimate is renewed: with at least 128 requests in a window, a driver at QD 32 shows every
@@ -24,7 +32,7 @@ const WINDOW_ROUNDS: u32 = 64;
 /// The heads a driver used in the current window, folded into 64 flags (head mod 64): two heads
 /// that share a flag count once, so at depths near 64 the estimate is low, which only matters
 /// below 2 × `MAX_FIRST_PART`. A head costs one byte store and a round one compare: under
-/// callgrind at QD32 the vhost path went from 445 to 451 instructions per I/O with the gauge,
+/// callgrind at QD32 the vhost path went from 445 to 452 instructions per I/O with the gauge,
 /// and to 462 with it compiled out for polling drivers (a second copy of the take loop).
 pub(crate) struct DriverDepth {
     heads: [u8; 64],

@@ -49,7 +49,7 @@ use fp_virtio_blk::{
 use fp_virtq::{Chain, MemTable};
 
 use crate::coalesce::{Clock, Coalescer};
-use crate::depth::DriverDepth;
+use crate::depth::{DriverDepth, FIRST_SIGNAL_BATCH, MAX_FIRST_PART};
 use crate::handoff::HandOffHold;
 use crate::inflight::{Pending, Tracker};
 use crate::log::{DataLog, QueueLog};
@@ -66,15 +66,6 @@ use crate::stats::{Counters, QueueStats};
 /// (docs/benchmarks.md, "Ceph RBD").
 const REMOTE_IDLE_WINDOW: Duration = Duration::from_micros(0);
 
-/// When the driver waits for its next completion, the first part of a new batch is taken,
-/// completed as far as the back-end can at once, published and signalled before the rest (see
-/// `poll`): the driver's wake-up then overlaps our work on the rest. Its size is half the
-/// driver's depth ([`DriverDepth`]), from this many to `MAX_FIRST_PART`; this many until a
-/// window of rounds has shown the depth.
-pub(crate) const FIRST_SIGNAL_BATCH: usize = 8;
-/// The largest first part, half of QD 32: deeper drivers gained nothing from more (QD 64 at
-/// the host's slow speed, docs/bench/history.md).
-pub(crate) const MAX_FIRST_PART: usize = 16;
 /// Otherwise at most this many requests are taken between two publications of the used ring,
 /// so that a driver consuming as we complete finds completions in a stream rather than a
 /// queue's worth at once. Measured with the first part (docs/bench/history.md, issues 23
