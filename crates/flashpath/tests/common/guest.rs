@@ -52,6 +52,8 @@ pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 pub const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const RESULT_MARKER: &str = "FLASHPATH-GUEST-RESULT:";
 pub const INFO_MARKER: &str = "FLASHPATH-GUEST-INFO:";
+/// Console lines a failed wait names in its panic message (the whole tail prints on drop).
+const LAST_LINES_IN_PANIC: usize = 12;
 
 /// Kernel arguments of every boot: serial console; a panic ends the VM (`-no-reboot`); skip the
 /// crypto self-tests and the jitter entropy source, which cost seconds under TCG.
@@ -521,9 +523,14 @@ impl Vm {
                 None => {
                     let why = if self.exited() { "QEMU exited" } else { "timed out" };
                     self.kill();
-                    // Drop prints the console and QEMU's stderr.
+                    // Drop prints the console and QEMU's stderr; the message itself names
+                    // the guest's last lines, so that a log cut short still shows where the
+                    // guest stood.
+                    let console = self.console();
+                    let lines: Vec<&str> = console.lines().collect();
+                    let last = lines[lines.len().saturating_sub(LAST_LINES_IN_PANIC)..].join("\n  | ");
                     panic!(
-                        "guest '{}': {why} after {:.1?} waiting for {what}",
+                        "guest '{}': {why} after {:.1?} waiting for {what}; its last lines:\n  | {last}",
                         self.scenario,
                         self.elapsed()
                     );
