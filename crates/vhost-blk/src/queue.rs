@@ -169,8 +169,9 @@ pub struct QueuePoller {
     /// again (a load, no fence) until the field asks for one or a fenced decision settles it,
     /// as a sleep or a stop makes first ([`QueuePoller::settle_notification`]).
     unsettled: bool,
-    /// The driver's depth, from the heads it uses: the size of a round's first part.
-    pub(crate) depth: DriverDepth,
+    /// The driver's depth, from what it has out (or the heads it uses): the size of a round's
+    /// first part.
+    depth: DriverDepth,
     coalescer: Coalescer,
     /// Live-migration logging of the data path's writes (`None` while not migrating).
     data_log: Option<DataLog>,
@@ -799,7 +800,8 @@ impl Poller for QueuePoller {
                 took += self.pop_and_submit(PUBLISH_EVERY - took);
             }
             busy |= took > 0;
-            self.depth.end_round(took);
+            // Before anything of this round is published: what the driver has out shows whole.
+            self.depth.end_round(took, || self.ring.outstanding());
             if took == limit {
                 if self.reap() > 0 {
                     self.publish_counters();

@@ -330,7 +330,7 @@ fn post_batch_in_slots(g: &mut Guest, n: u16) {
 }
 
 #[test]
-fn the_first_part_is_half_the_drivers_depth_once_its_heads_have_shown_it() {
+fn the_first_part_is_half_the_drivers_depth_once_a_window_has_shown_it() {
     for (depth, first) in
         [(24u16, 12usize), (32, MAX_FIRST_PART), (8, FIRST_SIGNAL_BATCH), (3, FIRST_SIGNAL_BATCH)]
     {

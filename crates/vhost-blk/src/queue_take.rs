@@ -77,7 +77,6 @@ impl QueuePoller {
                     }
                 };
                 let head = Head { id, slots: 1 };
-                self.depth.saw(id);
                 match q.read_three(&self.table, id) {
                     Some((descs, total)) => {
                         if let Some(t) = &mut self.tracker {

@@ -112,6 +112,17 @@ impl Ring {
         }
     }
 
+    /// Requests the driver has out, as far as the ring can count them (see the split ring's
+    /// `outstanding`); 0 for a packed ring, which cannot count them without walking its
+    /// descriptors: its driver's depth shows in the heads it uses instead.
+    #[inline(always)]
+    pub(crate) fn outstanding(&self) -> u16 {
+        match self {
+            Ring::Split(q) => q.outstanding(),
+            Ring::Packed(_) => 0,
+        }
+    }
+
     /// Whether the driver waits to hear of the next completion (see the rings' `driver_waits`).
     #[inline]
     pub(crate) fn driver_waits(&self) -> bool {

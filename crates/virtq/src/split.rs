@@ -152,7 +152,8 @@ pub struct SplitQueue {
     /// same descriptors and header again for its next request, so when new requests show, both
     /// lines are prefetched ([`SplitQueue::has_available`]): their misses then overlap the
     /// available ring's instead of following it, one after the other, through the loads that
-    /// need their addresses. A wrong guess costs two prefetches.
+    /// need their addresses. A wrong guess costs two prefetches. The head is kept as the driver
+    /// wrote it, in range or not (a compare per request is dearer than a mask per prefetch).
     last_head: u16,
     last_first: Cell<*mut u8>,
     /// While migrating: where the used ring's writes are logged. `None` costs one predictable
@@ -227,6 +228,15 @@ impl SplitQueue {
         self.next_used.0
     }
 
+    /// Requests the driver has made available and not yet seen come back: the available
+    /// index as last read less the used index as last published. Never more than the driver
+    /// has out, and all of it when the index was read with every request out and nothing
+    /// published since: the largest value over many rounds is the driver's queue depth.
+    #[inline(always)]
+    pub fn outstanding(&self) -> u16 {
+        (self.avail_idx - (self.next_used - Wrapping(self.unpublished))).0
+    }
+
     fn avail_idx_field(&self) -> &AtomicU16 {
         // SAFETY: `avail + 2` is the 2-aligned `idx` field inside the mapped ring (checked in
         // `new`, kept alive by the caller's memory table); AtomicU16 has u16's layout.
@@ -267,10 +277,12 @@ impl SplitQueue {
         {
             use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             // SAFETY: a prefetch is a hint: it neither faults nor changes memory, whatever the
-            // address. The descriptor lies inside the mapped table (`last_head < size`); the
-            // buffer's address may be stale (a new memory table), which a prefetch tolerates.
+            // address. The descriptor lies inside the mapped table (the head masked to the
+            // ring's size, a power of two); the buffer's address may be stale (a new memory
+            // table), which a prefetch tolerates.
             unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(self.desc.add(16 * usize::from(self.last_head)).cast());
+                let head = usize::from(self.last_head & (self.size - 1));
+                _mm_prefetch::<_MM_HINT_T0>(self.desc.add(16 * head).cast());
                 let first = self.last_first.get();
                 if !first.is_null() {
                     _mm_prefetch::<_MM_HINT_T0>(first.cast_const().cast());
@@ -291,9 +303,7 @@ impl SplitQueue {
         let head =
             u16::from_le(unsafe { std::ptr::read_volatile(self.avail.add(4 + 2 * slot).cast::<u16>()) });
         self.next_avail += Wrapping(1);
-        if head < self.size {
-            self.last_head = head;
-        }
+        self.last_head = head;
         Ok(Some(head))
     }
 
@@ -659,6 +669,26 @@ mod tests {
     }
 
     #[test]
+    fn outstanding_counts_what_the_driver_has_out_until_it_is_published() {
+        let (m, t) = setup();
+        // Restarted with 2 requests in flight (next_avail 65534 past next_used 65532, wrapping).
+        let mut ring = SplitQueue::new(&t, DESC, AVAIL, USED, 8, true, 65534, 65532).unwrap();
+        assert_eq!(ring.outstanding(), 2);
+        // Three more made available: counted once the index is read.
+        m.write_obj::<u16>(1, GuestAddress(AVAIL + 2)).unwrap();
+        assert_eq!(ring.outstanding(), 2, "the index as last read");
+        assert!(ring.has_available().unwrap());
+        assert_eq!(ring.outstanding(), 5);
+        // Completed but not published: still out, as the driver sees it.
+        ring.pop().unwrap();
+        ring.push_used(0, 1);
+        ring.push_used(1, 1);
+        assert_eq!(ring.outstanding(), 5);
+        ring.publish();
+        assert_eq!(ring.outstanding(), 3);
+    }
+
+    #[test]
     fn a_logged_ring_marks_its_used_side_before_publishing() {
         use crate::log::{DirtyLog, RingLog};
         let (_m, t) = setup();
@@ -731,11 +761,14 @@ mod tests {
         ring.walk(&t, head, &mut Chain::new()).unwrap();
         assert_eq!(ring.last_head, 5);
         assert_eq!(ring.last_first.get() as usize, t.translate(0x4000, 16).unwrap() as usize, "the header");
-        // A head out of range is not a guess (the walk refuses it); the last good one stays.
+        // A head out of range (the walk refuses it) is kept as written: the prefetch masks it
+        // into the table (9 & 7), and a wrong guess costs only the prefetch.
         m.write_obj::<u16>(9, GuestAddress(AVAIL + 6)).unwrap();
         m.write_obj::<u16>(2, GuestAddress(AVAIL + 2)).unwrap();
         assert_eq!(ring.pop(), Ok(Some(9)));
-        assert_eq!(ring.last_head, 5);
+        assert_eq!(ring.last_head, 9);
+        m.write_obj::<u16>(3, GuestAddress(AVAIL + 2)).unwrap();
+        assert!(ring.has_available().unwrap(), "the prefetch of descriptor 1 stays inside the table");
     }
 
     #[test]
