@@ -1,5 +1,6 @@
 //! The driver's queue depth, estimated from what it has out (or, on a packed ring, from the
-//! request heads it uses), which sizes the first part of a round (docs/architecture.md, "Guest notifications").
+//! request heads it uses), which sizes the first part of a round (docs/architecture.md,
+//! "Guest notifications").
 //!
 //! The first part exists so that a waiting driver's wake-up overlaps our work on the rest of
 //! its batch. How much of the batch that should be depends on the driver's depth: at QD 32 a
@@ -28,8 +29,9 @@ pub(crate) const MAX_FIRST_PART: usize = 16;
 
 /// Rounds that took two requests or more, over which the gauge gathers before the estimate is
 /// renewed: with at least 128 requests in a window, a driver at QD 32 shows every head it uses
-/// whatever order it takes them in, and has all its requests out at some round's start. Rounds of one request are not counted: at QD 1
-/// the estimate is never needed (a batch of one is one part).
+/// whatever order it takes them in, and has all its requests out at some round's start.
+/// Rounds of one request are not counted: at QD 1 the estimate is never needed (a batch of one
+/// is one part).
 const WINDOW_ROUNDS: u32 = 64;
 
 /// The gauge over the current window: the most requests the split ring counted out at the
