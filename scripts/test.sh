@@ -172,10 +172,10 @@ cmd_test() {
         failed=$((failed + 1))
     fi
     # The benchmark's own unit tests (parsing of openssl and xts_speed output, the per-CPU
-    # figures, targets and --validate of the raid, crypto and path-length sections, the long-minus-short
+    # figures, targets and --validate of the raid, crypto, path-length and density sections, the long-minus-short
     # method, a server dying with a bench killed outright): one test, under a second.
     say "bench: the sections' unit tests (python3 -m unittest fpbench.tests_*)"
-    if (cd bench && /usr/bin/python3 -m unittest -q fpbench.tests_crypto fpbench.tests_raid fpbench.tests_pathlen fpbench.tests_servers fpbench.tests_nvme_tcp fpbench.tests_paths fpbench.tests_tls fpbench.tests_s3 fpbench.tests_backup fpbench.tests_ublk fpbench.tests_luks); then
+    if (cd bench && /usr/bin/python3 -m unittest -q fpbench.tests_crypto fpbench.tests_raid fpbench.tests_pathlen fpbench.tests_servers fpbench.tests_nvme_tcp fpbench.tests_paths fpbench.tests_tls fpbench.tests_s3 fpbench.tests_backup fpbench.tests_ublk fpbench.tests_luks fpbench.tests_density); then
         passed=$((passed + 1))
     else
         rc=1

@@ -68,10 +68,31 @@ def density_markdown(res):
             cells += [f"**{_x(r['total_iops'])}**", _x(r["mean_p99_ns"]), _x(r["max_p99_ns"]), _x(r["min_max_iops"]),
                       _x(r["server_cpu_stat_ns_per_io"]), _x(r["notifications_per_io"])]
         lines.append(f"| {p['vms']} × {p['qd']} | " + " | ".join(cells) + " |")
+    lines += density_rounds_markdown(e)
     la, lb = e.get("loadavg_before"), e.get("loadavg_after")
     if la and lb:
         lines += ["", f"Load average (1, 5, 15 min) before the section: {', '.join(f'{x:.2f}' for x in la)}; after: "
                       f"{', '.join(f'{x:.2f}' for x in lb)}."]
+    return lines
+
+
+def density_rounds_markdown(e):
+    """The round-by-round table: each server's cache-line sample before its run and flashpath's
+    IOPS over each peer's in the round (points of runs made before the samples have none)."""
+    servers, peers = e["servers"], e["servers"][1:]
+    pts = [p for p in e["points"] if p.get("rounds")]
+    if not pts:
+        return []
+    lines = ["", "Round by round, each run after a sample of one cache line's round trip between the two "
+                 "CPUs (`bench/c2c.c`, ns; the host gives this VM's vCPUs two speeds of it, and the servers' "
+                 "figures follow it):", "",
+             "| VMs × QD | round | c2c ns " + " / ".join(servers) + " | " +
+             " | ".join(f"IOPS fp/{k}" for k in peers) + " |", "|" + "---|" * (3 + len(peers))]
+    for p in pts:
+        for i, r in enumerate(p["rounds"]):
+            c2c = " / ".join("-" if r["c2c_ns"].get(k) is None else f"{r['c2c_ns'][k]:.0f}" for k in servers)
+            lines.append(f"| {p['vms']} × {p['qd']} | {i + 1} | {c2c} | " +
+                         " | ".join(_x(r["iops_ratio"].get(k)) for k in peers) + " |")
     return lines
 
 
@@ -111,8 +132,8 @@ def density_targets(res, add):
 
 def validate_density(res, c):
     """Every N × QD of `c` on every server of the run with `reps` rounds, each round with a
-    positive figure for each of POSITIVE and one IOPS and p99 per VM; the ratios against every
-    peer."""
+    positive figure for each of POSITIVE, one IOPS and p99 per VM and the cache-line sample
+    taken before it; the ratios against every peer."""
     e = res.get("density")
     if not e:
         return ["results.json has no 'density'"]
@@ -141,6 +162,9 @@ def validate_density(res, c):
                         problems.append(f"density {n}×{qd} {kind} round {i}: {len(r.get('vm_iops', []))} VMs")
                     if not isinstance(r.get("server_cpu_stat_ns_per_io"), (int, float)):
                         problems.append(f"density {n}×{qd} {kind} round {i}: no server CPU per I/O")
+                    c2c = r.get("c2c_ns")
+                    if not isinstance(c2c, (int, float)) or c2c <= 0:
+                        problems.append(f"density {n}×{qd} {kind} round {i}: no cache-line sample (c2c_ns {c2c!r})")
                 for k in ("total_iops", "mean_p99_ns", "min_max_iops"):
                     if not isinstance(x["spread"].get(k), (int, float)):
                         problems.append(f"density {n}×{qd} {kind}: no spread of {k}")

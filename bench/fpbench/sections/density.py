@@ -21,6 +21,7 @@ from fpbench.load import interrupt_figures, server_sample
 from fpbench.report_format import fmt_ratio
 from fpbench.servers import CHILDREN, Flashpath, QsdMulti, Spdk
 from fpbench.sections.spdk import HugePages
+from fpbench.vhost_floor import build_c2c, c2c_ns
 
 # ns: the numbers of VMs; qds: each VM's queue depth; secs per run; reps interleaved rounds.
 # Smoke: the pipeline on a few VMs, flashpath and qsd (CI has no SPDK); two rounds so that the
@@ -97,6 +98,17 @@ def density_ratios(e, servers):
     return out
 
 
+def density_rounds(runs, servers):
+    """Round by round: each server's cache-line sample (c2c ns, taken before its run) and
+    flashpath's total IOPS over each peer's in that round; the host's speed can change between
+    rounds, and a median over rounds of both speeds reads neither."""
+    n = min(len(runs[k]) for k in servers)
+    return [{"c2c_ns": {k: runs[k][i].get("c2c_ns") for k in servers},
+             "iops_ratio": {k: ratio(runs["flashpath"][i].get("total_iops"), runs[k][i].get("total_iops"))
+                            for k in servers[1:]}}
+            for i in range(n)]
+
+
 class DensitySection:
     """Bench's methods for this section (mixed into bench.Bench)."""
 
@@ -111,6 +123,9 @@ class DensitySection:
         out = {"config": c, "servers": list(servers), "client": "fp-load " + " ".join(client), "points": [],
                "loadavg_before": list(os.getloadavg())}
         self.results["density"] = out
+        # The host runs this VM's two vCPUs at two speeds of cross-core traffic, as in the SPDK
+        # section: every run records a cache line's round trip just before it.
+        self.density_c2c = build_c2c(self.work)
         with HugePages() if self.args.spdk else contextlib.nullcontext():
             for n in c["ns"]:
                 self.density_n(c, n, servers, client, out)
@@ -138,6 +153,9 @@ class DensitySection:
                 for rep in range(c["reps"]):
                     for kind in servers:
                         s = started[kind]
+                        # Sampled before SPDK resumes: its reactor would poll the CPU the
+                        # sample's thread is pinned to.
+                        line = c2c_ns(self.density_c2c)
                         if kind == "spdk":
                             s.resume()
                         try:
@@ -145,7 +163,8 @@ class DensitySection:
                         finally:
                             if kind == "spdk":
                                 s.pause()
-                e = {"vms": n, "qd": qd, "servers": {}}
+                        runs[kind][-1]["c2c_ns"] = line
+                e = {"vms": n, "qd": qd, "servers": {}, "rounds": density_rounds(runs, servers)}
                 for kind in servers:
                     med, spread = summarize_runs(runs[kind])
                     e["servers"][kind] = {"runs": runs[kind], "median": med, "spread": spread}
