@@ -76,6 +76,10 @@ pub struct IntentMap {
     dirty: Box<[AtomicU64]>,
     wanted: AtomicU64,
     durable: AtomicU64,
+    /// At least the number of chunks marked `RECOPY`: raised before a mark is set and lowered
+    /// after one is taken, so 0 means none is marked and the copier's look for one
+    /// ([`IntentMap::next_recopy`], every step of the rebuild) needs no scan of the chunks.
+    recopies: AtomicU64,
 }
 
 /// Words of bitmap bits per bitmap page.
@@ -99,6 +103,7 @@ impl IntentMap {
             dirty: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             wanted: AtomicU64::new(0),
             durable: AtomicU64::new(0),
+            recopies: AtomicU64::new(0),
         }
     }
 
@@ -149,7 +154,7 @@ impl IntentMap {
             debug_assert!(old & WRITERS < WRITERS, "too many writers in one chunk");
             if old & COPYING != 0 {
                 // Recorded now, not at the end: the copier checks it when the copy ends.
-                s.fetch_or(RECOPY, Ordering::SeqCst);
+                self.mark_recopy(s);
                 remark = true;
             }
             if old & (BIT | RECENT) != BIT | RECENT || old & PENDING != 0 {
@@ -180,7 +185,7 @@ impl IntentMap {
         for c in ticket.first..=ticket.last {
             let s = &self.state[c as usize];
             if ticket.remark {
-                s.fetch_or(RECOPY, Ordering::SeqCst);
+                self.mark_recopy(s);
             }
             s.fetch_sub(1, Ordering::SeqCst);
         }
@@ -315,27 +320,53 @@ impl IntentMap {
     /// also takes the chunk's pending re-copy. `false`: busy, try again later.
     pub fn try_start_copy(&self, chunk: u64) -> bool {
         let s = &self.state[chunk as usize];
-        s.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+        match s.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
             (v & WRITERS == 0 && v & COPYING == 0).then_some((v | COPYING) & !RECOPY)
-        })
-        .is_ok()
+        }) {
+            Ok(old) => {
+                if old & RECOPY != 0 {
+                    self.recopies.fetch_sub(1, Ordering::SeqCst);
+                }
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// The copier: the copy of `chunk` ended. `true` when a write overlapped it, so the chunk
     /// must be copied again (it stays marked for [`IntentMap::next_recopy`]).
     pub fn end_copy(&self, chunk: u64) -> bool {
         let s = &self.state[chunk as usize];
+        // Counted before the mark may appear (the bound's rule); given back if none is new.
+        self.recopies.fetch_add(1, Ordering::SeqCst);
         let old = s
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
                 let again = v & WRITERS != 0 || v & RECOPY != 0;
                 Some((v & !COPYING) | if again { RECOPY } else { 0 })
             })
             .unwrap_or_else(|v| v);
-        old & WRITERS != 0 || old & RECOPY != 0
+        let again = old & WRITERS != 0 || old & RECOPY != 0;
+        if !again || old & RECOPY != 0 {
+            self.recopies.fetch_sub(1, Ordering::SeqCst);
+        }
+        again
     }
 
-    /// The first chunk at or after `from` marked to be copied again, if any.
+    /// Marks a chunk's state word `RECOPY`, counting the mark before it can be seen.
+    fn mark_recopy(&self, s: &AtomicU32) {
+        self.recopies.fetch_add(1, Ordering::SeqCst);
+        if s.fetch_or(RECOPY, Ordering::SeqCst) & RECOPY != 0 {
+            self.recopies.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The first chunk at or after `from` marked to be copied again, if any. With no chunk
+    /// marked (the rule of a rebuild beside a guest that does not write to the chunks being
+    /// copied) it is one load; else a scan from `from`.
     pub fn next_recopy(&self, from: u64) -> Option<u64> {
+        if self.recopies.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
         (from..self.chunks).find(|&c| self.state[c as usize].load(Ordering::SeqCst) & RECOPY != 0)
     }
 
@@ -473,6 +504,32 @@ mod tests {
         m.end_write(&w);
         assert!(m.end_copy(1));
         assert_eq!(m.next_recopy(0), Some(1));
+        assert_eq!(marked(&m), 1);
+        assert_eq!(m.recopies.load(Ordering::SeqCst), 1, "the bound is exact when nothing moves");
+        // A writer marking a chunk the copy end marks as well counts once.
+        assert!(m.try_start_copy(1));
+        assert_eq!(m.recopies.load(Ordering::SeqCst), 0);
+        let w = m.begin_write(K64, 1);
+        assert!(m.end_copy(1), "a writer is in the chunk");
+        m.end_write(&w);
+        assert_eq!((marked(&m), m.recopies.load(Ordering::SeqCst)), (1, 1));
+    }
+
+    /// Chunks marked to be copied again, by a scan.
+    fn marked(m: &IntentMap) -> u64 {
+        (0..m.chunks()).filter(|&c| m.state[c as usize].load(Ordering::SeqCst) & RECOPY != 0).count() as u64
+    }
+
+    #[test]
+    fn with_no_chunk_marked_the_look_for_a_recopy_reads_one_word() {
+        let m = IntentMap::new(1 << 30, K64, false);
+        assert_eq!(m.next_recopy(0), None);
+        // A mark only the state word holds (not counted) is not looked for: the count is what
+        // the look trusts.
+        m.state[9].fetch_or(RECOPY, Ordering::SeqCst);
+        assert_eq!(m.next_recopy(0), None);
+        m.recopies.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(m.next_recopy(0), Some(9));
     }
 
     /// Writers on several threads stamp a version into a "source" and a "target" cell per
@@ -533,11 +590,13 @@ mod tests {
         for w in writers {
             w.join().unwrap();
         }
+        assert_eq!(m.recopies.load(Ordering::SeqCst), marked(&m), "the bound, exact at rest");
         let mut from = 0;
         while let Some(c) = m.next_recopy(from) {
             copy(c);
             from = c;
         }
+        assert_eq!((m.recopies.load(Ordering::SeqCst), marked(&m)), (0, 0));
         for c in 0..CHUNKS as usize {
             assert_eq!(src[c].load(Ordering::SeqCst), dst[c].load(Ordering::SeqCst), "chunk {c}");
             assert_eq!(m.writers(c as u64), 0);

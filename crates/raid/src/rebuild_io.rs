@@ -6,7 +6,7 @@
 //! round the bytes the guest's requests took on the raid's channels since its last round earn
 //! it credit (`fp_bdev::copy_share::CopyBudget`), and it takes orders only on credit.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
@@ -45,6 +45,8 @@ pub struct CopyLink {
     finished: AtomicBool,
     /// The share's weight (`process_weight`), which the owner may change.
     weight: AtomicU8,
+    /// Times the runner woke the owner (tests: fewer than the chunks it copied).
+    owner_wakes: AtomicU64,
     shared: Arc<RaidShared>,
 }
 
@@ -57,6 +59,7 @@ impl CopyLink {
             stop: AtomicBool::new(false),
             finished: AtomicBool::new(false),
             weight: AtomicU8::new(share.weight()),
+            owner_wakes: AtomicU64::new(0),
             shared,
         })
     }
@@ -69,6 +72,17 @@ impl CopyLink {
     /// A completed order, if any.
     pub fn reap(&self) -> Option<CopyDone> {
         self.done.pop()
+    }
+
+    /// Times the runner woke the owner.
+    pub fn owner_wakes(&self) -> u64 {
+        self.owner_wakes.load(Ordering::Relaxed)
+    }
+
+    /// Wakes the owner, counted.
+    fn wake_owner(&self) {
+        self.owner_wakes.fetch_add(1, Ordering::Relaxed);
+        self.shared.wake_owner();
     }
 
     /// Orders sent and not taken by the runner yet, and orders it sent back and the owner
@@ -275,7 +289,16 @@ impl CopyRunner {
         }
         self.free.push(s);
         self.in_flight -= 1;
-        self.link.shared.wake_owner();
+        // The owner is woken as half the window comes back (it orders that much again while
+        // the other half still copies) or when the runner runs dry. Woken for every chunk, the
+        // owner took a fifth of the core from the reactor it shares it with, and the rebuild
+        // alone ran at half its speed. The queue grows by one a push, here only, so it cannot
+        // pass the half unseen (only the runner pushes, one at a time); an owner that reaps meanwhile
+        // is awake anyway.
+        let dry = self.in_flight == 0 && self.link.orders.is_empty();
+        if dry || self.link.done.len() == self.slots.len().div_ceil(2) {
+            self.link.wake_owner();
+        }
     }
 
     /// Stopped with nothing in flight: closes the channels and tells the owner.
@@ -283,7 +306,7 @@ impl CopyRunner {
         self.source.1 = None;
         self.targets.clear();
         self.link.finished.store(true, Ordering::SeqCst);
-        self.link.shared.wake_owner();
+        self.link.wake_owner();
     }
 
     fn all_targets(&self) -> u32 {
@@ -378,7 +401,7 @@ impl BackgroundJob for CopyRunner {
                     if self.link.done.push(busy).is_err() {
                         log::error!("raid rebuild: the completion queue is full (an owner bug)");
                     }
-                    self.link.shared.wake_owner();
+                    self.link.wake_owner();
                     continue;
                 }
                 self.free.pop();

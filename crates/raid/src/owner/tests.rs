@@ -705,6 +705,7 @@ fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() 
     let mut runners: Vec<Box<dyn BackgroundJob>> = Vec::new();
     let mut most = 0;
     let mut rounds = 0;
+    let mut link = None;
     while o.process_running() {
         rounds += 1;
         assert!(rounds < 1_000_000, "the rebuild does not end");
@@ -721,6 +722,9 @@ fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() 
             guest.set_bytes(guest_bytes);
         }
         o.tick();
+        if link.is_none() {
+            link = o.process.as_ref().and_then(|(c, _)| c.link().cloned());
+        }
         runners.extend(started.lock().unwrap().drain(..).map(|start| start()));
         // The runner's view: what it holds after taking the orders of this round.
         for r in runners.iter_mut() {
@@ -744,6 +748,11 @@ fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() 
     assert!(beside > 0 && beside < raid, "{beside} of {raid} bytes started with no limit");
     let off = o.superblock().data_offset;
     assert!(read_all(&b0, off, raid) == read_all(&fresh, off, raid), "the target differs");
+    // The runner wakes the owner as half its window comes back or when it runs dry, not for
+    // every chunk.
+    let wakes = link.expect("the rebuild ran on the runner").owner_wakes();
+    let chunks = raid.div_ceil(chunk);
+    assert!(wakes > 0 && wakes * 4 <= chunks, "{wakes} wake-ups for {chunks} chunks");
     for _ in 0..10 {
         runners.retain_mut(|r| r.poll() != BackgroundPoll::Finished);
     }
