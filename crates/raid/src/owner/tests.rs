@@ -759,3 +759,41 @@ fn a_rebuild_on_a_reactor_copies_everything_keeping_its_share_beside_guest_io() 
     assert!(runners.is_empty(), "the runner ends with the rebuild");
     shared.unregister_channel(&guest);
 }
+
+/// A rebuild held to a speed limit on a runner sends its orders a chunk at a time as the
+/// limit allows them, not its window at once: the runner's rounds then carry the copy evenly
+/// beside a guest instead of in bursts.
+#[test]
+fn a_limited_rebuild_on_a_runner_orders_a_chunk_at_a_time() {
+    use crate::rebuild::{CopyGeometry, Step};
+    use crate::rebuild_io::CopyLink;
+    let bytes = 8 * MIB;
+    let sb = new_sb(2, bytes);
+    let shared = new_shared(info("r", &sb), &sb, true);
+    let intent = shared.intent.as_ref().unwrap();
+    let geo = CopyGeometry {
+        data_offset: 0,
+        data_bytes: bytes,
+        window_bytes: MIB,
+        max_mb_sec: 1,
+        share: CopyShare::default(),
+    };
+    let mut c = Copier::new(ProcessKind::Full, 0, vec![1], 0, intent, geo);
+    let (chunk, slots) = (c.chunk_bytes(), c.runner_slots_for_window());
+    assert!(slots > 1, "a window of {slots} orders");
+    let link = CopyLink::new(slots, CopyShare::default(), shared.clone());
+    c.run_on(link.clone(), slots);
+    let mut no_bases: Vec<Option<Box<dyn BaseIo>>> = Vec::new();
+    assert_eq!(c.step(&mut no_bases, intent, 0), (0, Step::Working));
+    assert_eq!(link.queued().0, 1, "one chunk's order, not the window's");
+    // The chunk out counts as copied: the next order waits for its time at 1 MB/s.
+    match c.step(&mut no_bases, intent, 0) {
+        (0, Step::Throttled(until)) => {
+            let wait = until - Instant::now();
+            let due = Duration::from_secs_f64(chunk as f64 / 1e6);
+            assert!(wait <= due && wait > due / 2, "{wait:?} for a chunk due in {due:?}");
+        }
+        s => panic!("{s:?}"),
+    }
+    assert_eq!(link.queued().0, 1);
+}
